@@ -1,0 +1,95 @@
+"""Chunked power retention in plain JAX: the CPU path, and the fallback on every backend.
+
+T is padded to N chunks of c tokens (zero keys, log-gate 0) and cropped after. Per chunk:
+- inside it, the quadratic form: A_ij = (q_i . k_j)^p * exp(G_i - G_j) for j <= i, times [v | 1];
+- across chunks, the state S = sum phi(k_j) [v_j | 1]^T (z is S's last column): each query reads
+  phi(q_i exp(G_i / p)) S, with G relative to its chunk's start, and each chunk adds phi(k_j exp((G_end - G_j)/p))
+  [v_j | 1]^T to the decayed state. Every exponent is <= 0, so nothing overflows at any length.
+
+The intra-chunk part runs for all chunks at once; the state runs as a `lax.scan` over chunks whose body is
+rematerialised, so the backward pass keeps one state per chunk boundary ([B, H, D, d+1] each) and never a
+per-token feature map or anything T x T.
+"""
+
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from jaxtyping import Array, Float
+
+from retention.ops.recurrent import DEN_FLOOR, RetentionState, augment, split
+from retention.ops.sympow import sympow
+
+
+def _intra_chunk(q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc, deg):
+    """Quadratic part inside each chunk: [B, N, H, g, c, e] (numerator columns, then the normaliser)."""
+    scores = jnp.einsum("bnhgid,bnhjd->bnhgij", q_BNHgcd, k_BNHcd) ** deg
+    c = Gc_BNHc.shape[-1]
+    causal = jnp.tril(jnp.ones((c, c), dtype=bool))
+    log_decay = Gc_BNHc[..., :, None] - Gc_BNHc[..., None, :]
+    decay = jnp.where(causal, jnp.exp(jnp.where(causal, log_decay, 0.0)), 0.0)
+    return jnp.einsum("bnhgij,bnhje->bnhgie", scores * decay[:, :, :, None], v_BNHce)
+
+
+def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
+    """Scan over chunks: each reads phi(q~) S, then S <- decay S + phi(k~)^T [v|1]. Returns (S_aug, reads)."""
+
+    @jax.checkpoint
+    def body(S_aug, xs):
+        q_BHmd, k_BHcd, v_BHce, decay_BH = xs
+        read = jnp.einsum("bhmD,bhDe->bhme", sympow(q_BHmd, deg), S_aug)
+        S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhcD,bhce->bhDe", sympow(k_BHcd, deg), v_BHce)
+        return S_aug, read
+
+    return jax.lax.scan(body, S0_aug, (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH))
+
+
+def power_retention_chunked(
+    q: Float[Array, "B T Hq d"],
+    k: Float[Array, "B T H d"],
+    v: Float[Array, "B T H d"],
+    log_g: Float[Array, "B T H"] | None,
+    initial_state: RetentionState,
+    *,
+    deg: int,
+    scale: float,
+    chunk_size: int,
+) -> tuple[Float[Array, "B T Hq d"], RetentionState]:
+    """Power retention over T tokens from `initial_state` in chunks of `chunk_size`; returns (y, final state).
+
+    Inputs are assumed validated (see `power_retention`); computes in float32 and returns y in v's dtype.
+    """
+    B, T, Hq, d = q.shape
+    H = k.shape[2]
+    c = chunk_size
+    N = -(-T // c)
+    pad = [(0, 0), (0, N * c - T), (0, 0), (0, 0)]
+    f32 = jnp.float32
+    q_f = jnp.pad(q.astype(f32) * scale, pad)
+    k_f = jnp.pad(k.astype(f32), pad)
+    v_f = jnp.pad(v.astype(f32), pad)
+    v_aug = jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), f32)], axis=-1)
+    log_g_f = jnp.zeros((B, T, H), f32) if log_g is None else log_g.astype(f32)
+    log_g_f = jnp.pad(log_g_f, pad[:3])
+
+    q_BNHgcd = rearrange(q_f, "B (N c) (H g) d -> B N H g c d", c=c, H=H)
+    k_BNHcd = rearrange(k_f, "B (N c) H d -> B N H c d", c=c)
+    v_BNHce = rearrange(v_aug, "B (N c) H e -> B N H c e", c=c)
+    Gc_BNHc = jnp.cumsum(rearrange(log_g_f, "B (N c) H -> B N H c", c=c), axis=-1)
+    G_end_BNH = Gc_BNHc[..., -1]
+
+    intra = jax.checkpoint(_intra_chunk, static_argnums=(4,))(q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc, deg)
+
+    q_decayed = q_BNHgcd * jnp.exp(Gc_BNHc / deg)[:, :, :, None, :, None]
+    k_decayed = k_BNHcd * jnp.exp((G_end_BNH[..., None] - Gc_BNHc) / deg)[..., None]
+    S_aug, reads = _inter_chunk(
+        augment(initial_state),
+        rearrange(q_decayed, "B N H g c d -> N B H (g c) d"),
+        rearrange(k_decayed, "B N H c d -> N B H c d"),
+        rearrange(v_BNHce, "B N H c e -> N B H c e"),
+        rearrange(jnp.exp(G_end_BNH), "B N H -> N B H"),
+        deg,
+    )
+    total = intra + rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)
+    y = total[..., :-1] / (total[..., -1:] + DEN_FLOOR)
+    y = rearrange(y, "B N H g c d -> B (N c) (H g) d")[:, :T]
+    return y.astype(v.dtype), split(S_aug)

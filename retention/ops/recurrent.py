@@ -1,0 +1,74 @@
+"""The recurrent form of power retention: a constant-size state, decode steps, and a token-by-token scan.
+
+S_t = g_t S_{t-1} + phi(k_t) v_t^T and z_t = g_t z_{t-1} + phi(k_t); y_t = phi(scale q_t) S_t / phi(scale q_t) z_t.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from einops import rearrange
+from jaxtyping import Array, Float
+
+from retention.ops.sympow import sympow, sympow_dim
+
+# Added to every normaliser: keeps 0/0 (all weights underflowed) at 0 instead of NaN, far below any real one.
+DEN_FLOOR = 1e-30
+
+
+class RetentionState(NamedTuple):
+    """The fixed-size memory of power retention, per batch row and kv-head (float32)."""
+
+    S: Float[Array, "B H D d"]
+    z: Float[Array, "B H D"]
+
+
+def init_state(batch: int, heads: int, head_dim: int, deg: int = 2) -> RetentionState:
+    """An empty state: S [batch, heads, D, head_dim] and z [batch, heads, D], zeros, float32."""
+    D = sympow_dim(head_dim, deg)
+    return RetentionState(
+        S=jnp.zeros((batch, heads, D, head_dim), jnp.float32), z=jnp.zeros((batch, heads, D), jnp.float32)
+    )
+
+
+def augment(state: RetentionState) -> Float[Array, "B H D e"]:
+    """S with z appended as its last column: [B, H, D, d+1], so one matmul reads numerator and normaliser."""
+    return jnp.concatenate([state.S, state.z[..., None]], axis=-1)
+
+
+def split(S_aug: Float[Array, "B H D e"]) -> RetentionState:
+    """Inverse of `augment`."""
+    return RetentionState(S=S_aug[..., :-1], z=S_aug[..., -1])
+
+
+def _step_tokens(S_aug, q_BHgd, k_BHd, v_aug_BHe, log_g_BH, deg):
+    """One token: decay and write the state, then read it. Returns (S_aug, y_aug [B, H, g, e])."""
+    S_aug = jnp.exp(log_g_BH)[..., None, None] * S_aug + jnp.einsum(
+        "bhD,bhe->bhDe", sympow(k_BHd, deg), v_aug_BHe
+    )
+    return S_aug, jnp.einsum("bhgD,bhDe->bhge", sympow(q_BHgd, deg), S_aug)
+
+
+def recurrent_scan(q, k, v, log_g, state: RetentionState, *, deg: int, scale: float):
+    """Token-by-token recurrence over [B, n, ...] inputs from `state`; returns (y [B, n, Hq, d] float32, state).
+
+    Row i gets the gates of tokens t0+1 .. t0+i applied to the state and to the new keys before it, so several
+    tokens at once (speculative or chunked decode) equal the same tokens one at a time.
+    """
+    H = k.shape[2]
+    f32 = jnp.float32
+    q_nBHgd = rearrange(q.astype(f32) * scale, "B n (H g) d -> n B H g d", H=H)
+    k_nBHd = rearrange(k.astype(f32), "B n H d -> n B H d")
+    v_f = v.astype(f32)
+    v_aug = jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), f32)], axis=-1)
+    v_nBHe = rearrange(v_aug, "B n H e -> n B H e")
+    if log_g is None:
+        log_g = jnp.zeros(k.shape[:3], f32)
+    g_nBH = rearrange(log_g.astype(f32), "B n H -> n B H")
+
+    def body(S_aug, xs):
+        return _step_tokens(S_aug, *xs, deg)
+
+    S_aug, y_aug = jax.lax.scan(body, augment(state), (q_nBHgd, k_nBHd, v_nBHe, g_nBH))
+    y = y_aug[..., :-1] / (y_aug[..., -1:] + DEN_FLOOR)
+    return rearrange(y, "n B H g d -> B n (H g) d"), split(S_aug)
