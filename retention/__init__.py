@@ -13,15 +13,37 @@ from retention.ops import (
     sympow,
     sympow_dim,
 )
+from retention.nn import (
+    LM,
+    Attention,
+    LMCache,
+    LMConfig,
+    PowerRetention,
+    cache_bytes,
+    count_params,
+    flops_per_token,
+    size_config,
+)
+from retention.generate import generate
 
 __all__ = [
+    "LM",
+    "Attention",
     "KVCache",
+    "LMCache",
+    "LMConfig",
+    "PowerRetention",
     "RetentionState",
+    "cache_bytes",
+    "count_params",
+    "flops_per_token",
+    "generate",
     "init_kv_cache",
     "init_state",
     "power_retention",
     "power_retention_reference",
     "power_retention_step",
+    "size_config",
     "softmax_attention",
     "softmax_attention_step",
     "sympow",

@@ -202,8 +202,8 @@ def init_kv_cache(batch: int, heads: int, head_dim: int, max_len: int, dtype=jnp
     for name, val in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("max_len", max_len)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{name} must be a positive int, got {val!r}")
-    zeros = jnp.zeros((batch, max_len, heads, head_dim), dtype)
-    return KVCache(k=zeros, v=zeros, pos=jnp.full((max_len,), -1, jnp.int32), length=jnp.zeros((), jnp.int32))
+    shape = (batch, max_len, heads, head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=jnp.full((max_len,), -1, jnp.int32), length=jnp.zeros((), jnp.int32))
 
 
 def softmax_attention_step(

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float
 
-from retention.ops.recurrent import DEN_FLOOR, RetentionState, augment, split
+from retention.ops.recurrent import RetentionState, augment, normalise, split
 from retention.ops.sympow import sympow
 
 
@@ -37,7 +37,8 @@ def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
     def body(S_aug, xs):
         q_BHmd, k_BHcd, v_BHce, decay_BH = xs
         read = jnp.einsum("bhmD,bhDe->bhme", sympow(q_BHmd, deg), S_aug)
-        S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhcD,bhce->bhDe", sympow(k_BHcd, deg), v_BHce)
+        phi_k_BHDc = sympow(jnp.swapaxes(k_BHcd, -1, -2), deg, axis=-2)
+        S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhDc,bhce->bhDe", phi_k_BHDc, v_BHce)
         return S_aug, read
 
     return jax.lax.scan(body, S0_aug, (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH))
@@ -90,6 +91,5 @@ def power_retention_chunked(
         deg,
     )
     total = intra + rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)
-    y = total[..., :-1] / (total[..., -1:] + DEN_FLOOR)
-    y = rearrange(y, "B N H g c d -> B (N c) (H g) d")[:, :T]
+    y = rearrange(normalise(total), "B N H g c d -> B (N c) (H g) d")[:, :T]
     return y.astype(v.dtype), split(S_aug)

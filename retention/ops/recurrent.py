@@ -12,8 +12,6 @@ from jaxtyping import Array, Float
 
 from retention.ops.sympow import sympow, sympow_dim
 
-# Added to every normaliser: keeps 0/0 (all weights underflowed) at 0 instead of NaN, far below any real one.
-DEN_FLOOR = 1e-30
 
 
 class RetentionState(NamedTuple):
@@ -31,6 +29,14 @@ def init_state(batch: int, heads: int, head_dim: int, deg: int = 2) -> Retention
     )
 
 
+def normalise(y_aug: Float[Array, "... e"]) -> Float[Array, "... d"]:
+    """Numerator columns over the last (normaliser) column; a row whose weights are all zero (padding, or every
+    weight underflowed) gives 0, and a NaN-free gradient, instead of 0/0."""
+    num, den = y_aug[..., :-1], y_aug[..., -1:]
+    positive = den > 0
+    return jnp.where(positive, num / jnp.where(positive, den, 1.0), 0.0)
+
+
 def augment(state: RetentionState) -> Float[Array, "B H D e"]:
     """S with z appended as its last column: [B, H, D, d+1], so one matmul reads numerator and normaliser."""
     return jnp.concatenate([state.S, state.z[..., None]], axis=-1)
@@ -42,11 +48,14 @@ def split(S_aug: Float[Array, "B H D e"]) -> RetentionState:
 
 
 def _step_tokens(S_aug, q_BHgd, k_BHd, v_aug_BHe, log_g_BH, deg):
-    """One token: decay and write the state, then read it. Returns (S_aug, y_aug [B, H, g, e])."""
-    S_aug = jnp.exp(log_g_BH)[..., None, None] * S_aug + jnp.einsum(
-        "bhD,bhe->bhDe", sympow(k_BHd, deg), v_aug_BHe
-    )
-    return S_aug, jnp.einsum("bhgD,bhDe->bhge", sympow(q_BHgd, deg), S_aug)
+    """One token: read the decayed old state plus the new token's own term (q.k)^p [v|1] (exact, with no
+    cancellation across features), then write the token. Returns (S_aug, y_aug [B, H, g, e])."""
+    decay_BH = jnp.exp(log_g_BH)
+    own_BHg = jnp.einsum("bhgd,bhd->bhg", q_BHgd, k_BHd) ** deg
+    y_aug = decay_BH[..., None, None] * jnp.einsum("bhgD,bhDe->bhge", sympow(q_BHgd, deg), S_aug)
+    y_aug = y_aug + own_BHg[..., None] * v_aug_BHe[:, :, None, :]
+    S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhD,bhe->bhDe", sympow(k_BHd, deg), v_aug_BHe)
+    return S_aug, y_aug
 
 
 def recurrent_scan(q, k, v, log_g, state: RetentionState, *, deg: int, scale: float):
@@ -70,5 +79,4 @@ def recurrent_scan(q, k, v, log_g, state: RetentionState, *, deg: int, scale: fl
         return _step_tokens(S_aug, *xs, deg)
 
     S_aug, y_aug = jax.lax.scan(body, augment(state), (q_nBHgd, k_nBHd, v_nBHe, g_nBH))
-    y = y_aug[..., :-1] / (y_aug[..., -1:] + DEN_FLOOR)
-    return rearrange(y, "n B H g d -> B n (H g) d"), split(S_aug)
+    return rearrange(normalise(y_aug), "n B H g d -> B n (H g) d"), split(S_aug)

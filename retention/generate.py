@@ -1,0 +1,75 @@
+"""Sampling from an LM with its caches: prefill the prompt, then every new token inside one compiled loop.
+
+Retention layers carry a fixed-size state, so the loop's memory does not grow with the context for them;
+attention layers carry a KV cache of prompt + new tokens (or a window's worth for sliding-window layers).
+"""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from retention.nn.layers import check_positive_int
+from retention.nn.model import LM
+
+
+def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None, greedy: bool) -> Int[Array, " B"]:
+    """One token per row: argmax when greedy, else a draw from softmax(logits / temperature) over the top_k."""
+    if greedy:
+        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    if top_k is not None:
+        kth_best = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
+        logits_BV = jnp.where(logits_BV < kth_best, -jnp.inf, logits_BV)
+    return jax.random.categorical(key, logits_BV / temperature, axis=-1).astype(jnp.int32)
+
+
+def generate(
+    model: LM,
+    prompt_BT: Int[Array, "B T0"],
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    key: PRNGKeyArray,
+) -> Int[Array, "B T0+N"]:
+    """Continue each prompt row by max_new_tokens sampled tokens; returns prompt and continuation [B, T0 + N].
+
+    temperature 0 is greedy (argmax); top_k keeps only the k most likely tokens. The prefill and the whole token
+    loop (a lax.fori_loop of decode steps) run in one compiled function, with no host round trip per token.
+    """
+    check_positive_int("max_new_tokens", max_new_tokens)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+        if top_k > model.config.vocab_size:
+            raise ValueError(f"top_k must be <= vocab_size={model.config.vocab_size}, got {top_k}")
+    if getattr(prompt_BT, "ndim", None) != 2 or not jnp.issubdtype(prompt_BT.dtype, jnp.integer):
+        raise ValueError(f"prompt must be an int array [B, T0], got {getattr(prompt_BT, 'shape', prompt_BT)}")
+    graphdef, state = nnx.split(model)
+    return _generate(
+        graphdef, state, jnp.asarray(prompt_BT, jnp.int32), key, jnp.float32(temperature),
+        max_new_tokens=max_new_tokens, top_k=top_k, greedy=temperature == 0,
+    )  # fmt: skip
+
+
+@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
+def _generate(graphdef, state, prompt_BT, key, temperature, *, max_new_tokens, top_k, greedy):
+    model = nnx.merge(graphdef, state)
+    B, T0 = prompt_BT.shape
+    N = max_new_tokens
+    keys = jax.random.split(key, N)
+    logits, caches = model.prefill(prompt_BT, T0 + N)
+    new_BN = jnp.zeros((B, N), jnp.int32).at[:, 0].set(_sample(logits[:, -1], keys[0], temperature, top_k, greedy))
+
+    def body(i, carry):
+        new_BN, caches = carry
+        last_B1 = jax.lax.dynamic_slice_in_dim(new_BN, i - 1, 1, axis=1)
+        logits, caches = model.decode_step(last_B1, caches)
+        token_B = _sample(logits[:, -1], keys[i], temperature, top_k, greedy)
+        return jax.lax.dynamic_update_slice_in_dim(new_BN, token_B[:, None], i, axis=1), caches
+
+    new_BN, _ = jax.lax.fori_loop(1, N, body, (new_BN, caches))
+    return jnp.concatenate([prompt_BT, new_BN], axis=1)

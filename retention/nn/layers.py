@@ -1,0 +1,59 @@
+"""Small pieces shared by the mixers and the model: argument checks, rotary position embedding, the SwiGLU MLP."""
+
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+
+def check_positive_int(name: str, value) -> None:
+    """Raise ValueError naming `name` unless `value` is an int >= 1 (bools are not ints here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_heads(heads: int, kv_heads: int, head_dim: int, *, names=("heads", "kv_heads", "head_dim")) -> None:
+    """Positive head counts and head dim, with the query heads a multiple of the kv heads (GQA)."""
+    for name, value in zip(names, (heads, kv_heads, head_dim)):
+        check_positive_int(name, value)
+    if heads % kv_heads:
+        raise ValueError(
+            f"{names[0]} must be a multiple of {names[1]} (GQA), got {names[0]}={heads} and {names[1]}={kv_heads}"
+        )
+
+
+def check_rope_base(rope_base, head_dim: int, *, names=("rope_base", "head_dim")) -> None:
+    """rope_base is None (no RoPE) or a number > 1, and RoPE needs an even head dim."""
+    if rope_base is None:
+        return
+    if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not rope_base > 1:
+        raise ValueError(f"{names[0]} must be None (no RoPE) or a number > 1, got {rope_base!r}")
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even {names[1]}, got {names[1]}={head_dim} (or set {names[0]}=None)")
+
+
+def apply_rope(
+    x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float
+) -> Float[Array, "B T H d"]:
+    """Rotary position embedding (GPT-NeoX layout): rotates each pair (x_i, x_{i+d/2}) by the angle
+    position * base^(-2i/d). `positions` is [T] (shared by the batch) or [B, T]; computed in float32."""
+    d = x_BTHd.shape[-1]
+    half = d // 2
+    inv_freq = base ** (-2.0 * jnp.arange(half, dtype=jnp.float32) / d)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [*b, T, d/2]
+    cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # broadcast over heads
+    x1 = x_BTHd[..., :half].astype(jnp.float32)
+    x2 = x_BTHd[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BTHd.dtype)
+
+
+class SwiGLU(nnx.Module):
+    """The gated MLP of the blocks: down(silu(gate(x)) * up(x)), [B, T, D] -> [B, T, D], no biases."""
+
+    def __init__(self, d_model: int, hidden: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate = linear(d_model, hidden)
+        self.up = linear(d_model, hidden)
+        self.down = linear(hidden, d_model)
+
+    def __call__(self, x_BTD: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
+        return self.down(nnx.silu(self.gate(x_BTD)) * self.up(x_BTD))

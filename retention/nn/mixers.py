@@ -1,0 +1,225 @@
+"""Sequence mixers as Flax NNX modules: power retention and softmax attention (full or sliding window).
+
+Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, cache=None) -> (y, cache)`:
+- cache=None: one full-sequence forward, returns (y, None);
+- with a cache: the T tokens continue the sequence held in the cache (a decode step of T >= 1 tokens);
+- `prefill(x, *, positions, cache)`: a whole prompt into an empty cache, through the full-sequence path.
+A retention cache is a RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any length); an
+attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.layers import apply_rope, check_heads, check_positive_int, check_rope_base
+from retention.ops import (
+    KVCache,
+    RetentionState,
+    init_kv_cache,
+    init_state,
+    power_retention,
+    power_retention_step,
+    softmax_attention,
+    softmax_attention_step,
+)
+from retention.ops.power_retention import CHUNK_SIZES, DEFAULT_CHUNK_SIZE
+
+RETENTION_IMPLS = ("auto", "xla", "reference")
+ATTENTION_IMPLS = ("auto", "xla", "reference")
+GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
+
+
+def cache_bytes(cache) -> int:
+    """Total bytes of the arrays (or jax.ShapeDtypeStructs, e.g. from jax.eval_shape) in a cache pytree."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
+
+
+def _check_impl(impl, allowed) -> None:
+    if impl not in allowed:
+        raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
+
+
+class PowerRetention(nnx.Module):
+    """Power retention mixer: q, k, v projections (GQA), optional QK RMSNorm and RoPE, optional per-kv-head gate
+    log_g = log_sigmoid(x W_g + b_g), the power retention op, and the output projection."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        deg: int = 2,
+        gating: bool = True,
+        qk_norm: bool = False,
+        rope_base: float | None = None,
+        chunk_size: int | None = None,
+        impl: str = "auto",
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        check_positive_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_rope_base(rope_base, head_dim)
+        if isinstance(deg, bool) or not isinstance(deg, int) or deg < 2 or deg % 2:
+            raise ValueError(f"deg must be an even int >= 2 (2, 4, ...), got {deg!r}")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES):
+            raise ValueError(f"chunk_size must be None or one of {CHUNK_SIZES}, got {chunk_size!r}")
+        _check_impl(impl, RETENTION_IMPLS)
+        self.heads, self.kv_heads, self.head_dim, self.deg = heads, kv_heads, head_dim, deg
+        self.rope_base, self.chunk_size, self.impl = rope_base, chunk_size, impl
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+        self.gate_proj = (
+            nnx.Linear(
+                d_model,
+                kv_heads,
+                bias_init=nnx.initializers.constant(GATE_BIAS_INIT),
+                dtype=jnp.float32,
+                param_dtype=param_dtype,
+                rngs=rngs,
+            )
+            if gating
+            else None
+        )
+        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_norm = norm() if qk_norm else None
+        self.k_norm = norm() if qk_norm else None
+
+    def _project(self, x_BTD, positions):
+        """q [B, T, Hq, d], k and v [B, T, H, d] (normed and rotated as configured), log_g [B, T, H] or None."""
+        B, T, _ = x_BTD.shape
+        q = self.q_proj(x_BTD).reshape(B, T, self.heads, self.head_dim)
+        k = self.k_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
+        v = self.v_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope_base is not None:
+            q, k = apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
+        log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
+        return q, k, v, log_g
+
+    def __call__(
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: RetentionState | None = None
+    ) -> tuple[Float[Array, "B T D"], RetentionState | None]:
+        """Full forward (cache=None) or T tokens continuing the cache's state: the single-chunk decode op for T up
+        to the chunk size, the chunked op from the state beyond. Returns (y [B, T, D], the new state or None)."""
+        B, T, _ = x_BTD.shape
+        q, k, v, log_g = self._project(x_BTD, positions)
+        if cache is None:
+            y = power_retention(q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
+        elif T <= (self.chunk_size or DEFAULT_CHUNK_SIZE):
+            y, cache = power_retention_step(cache, q, k, v, log_g, deg=self.deg)
+        else:
+            stateful_impl = "xla" if self.impl == "reference" else self.impl  # the oracle carries no state
+            y, cache = power_retention(
+                q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size, initial_state=cache,
+                return_state=True, impl=stateful_impl,
+            )  # fmt: skip
+        return self.o_proj(y.reshape(B, T, self.heads * self.head_dim)), cache
+
+    def prefill(self, x_BTD, *, positions, cache: RetentionState):
+        """A prompt into a fresh state: the same as a call with the cache (the state comes from the chunked op)."""
+        return self(x_BTD, positions=positions, cache=cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionState:
+        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32: its size does not depend on max_len,
+        dtype or step_tokens (taken for the common mixer interface)."""
+        check_positive_int("batch", batch)
+        check_positive_int("max_len", max_len)
+        return init_state(batch, self.kv_heads, self.head_dim, self.deg)
+
+
+class Attention(nnx.Module):
+    """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
+    (GQA), optional RoPE, the softmax op, and the output projection."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        window: int | None = None,
+        rope_base: float | None = 10000.0,
+        impl: str = "auto",
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        check_positive_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_rope_base(rope_base, head_dim)
+        if window is not None:
+            check_positive_int("window", window)
+        _check_impl(impl, ATTENTION_IMPLS)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.window, self.rope_base, self.impl = window, rope_base, impl
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+
+    def _project(self, x_BTD, positions):
+        """q [B, T, Hq, d] and k, v [B, T, H, d], q and k rotated when RoPE is on."""
+        B, T, _ = x_BTD.shape
+        q = self.q_proj(x_BTD).reshape(B, T, self.heads, self.head_dim)
+        k = self.k_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
+        v = self.v_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
+        if self.rope_base is not None:
+            q, k = apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
+        return q, k, v
+
+    def _out(self, y_BTHd):
+        B, T = y_BTHd.shape[:2]
+        return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
+
+    def __call__(
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: KVCache | None = None
+    ) -> tuple[Float[Array, "B T D"], KVCache | None]:
+        """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds.
+        Returns (y [B, T, D], the updated cache or None)."""
+        q, k, v = self._project(x_BTD, positions)
+        if cache is None:
+            return self._out(softmax_attention(q, k, v, window=self.window, impl=self.impl)), None
+        y, cache = softmax_attention_step(cache, q, k, v, window=self.window)
+        return self._out(y), cache
+
+    def prefill(
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: KVCache
+    ) -> tuple[Float[Array, "B T D"], KVCache]:
+        """A whole prompt at positions 0..T-1 into an empty cache: the full-sequence op for y, then the last
+        min(T, slots) keys and values written at slots position % slots (a full cache must hold all T)."""
+        B, T, _ = x_BTD.shape
+        L = cache.k.shape[1]
+        if self.window is None and L < T:
+            raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
+        q, k, v = self._project(x_BTD, positions)
+        y = softmax_attention(q, k, v, window=self.window, impl=self.impl)
+        kept = min(T, L)
+        pos = jnp.arange(T - kept, T, dtype=jnp.int32)
+        cache = KVCache(
+            k=cache.k.at[:, pos % L].set(k[:, T - kept :].astype(cache.k.dtype)),
+            v=cache.v.at[:, pos % L].set(v[:, T - kept :].astype(cache.v.dtype)),
+            pos=cache.pos.at[pos % L].set(pos),
+            length=jnp.asarray(T, jnp.int32),
+        )
+        return self._out(y), cache
+
+    def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> KVCache:
+        """An empty KV cache: max_len slots for full attention; window + step_tokens - 1 for a sliding window
+        (a ring buffer: enough for decode steps of up to step_tokens tokens, at any length)."""
+        check_positive_int("max_len", max_len)
+        check_positive_int("step_tokens", step_tokens)
+        slots = max_len if self.window is None else self.window + step_tokens - 1
+        return init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)

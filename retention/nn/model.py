@@ -1,0 +1,271 @@
+"""The language model: token embedding, pre-norm blocks (RMSNorm, mixer, RMSNorm, SwiGLU MLP), final norm, head.
+
+`config.pattern` is a string over P (power retention), A (full attention) and W (sliding-window attention);
+layer i gets pattern[i % len(pattern)]. `LM.prefill` runs a prompt through the full-sequence paths and leaves
+per-layer caches; `LM.decode_step` continues from them, compiled once per shape (positions come from the
+cache's length, a traced scalar), so prefill-then-decode gives the logits of one full forward.
+"""
+
+import dataclasses
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.layers import SwiGLU, check_heads, check_positive_int, check_rope_base
+from retention.nn.mixers import RETENTION_IMPLS, Attention, PowerRetention
+from retention.ops.power_retention import CHUNK_SIZES, default_chunk_size
+from retention.ops.sympow import sympow_dim
+
+MIXERS = {"P": "power retention", "A": "full attention", "W": "sliding-window attention"}
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """Hyperparameters of `LM`; validated on construction (a bad field raises ValueError naming it)."""
+
+    vocab_size: int = 256
+    d_model: int = 512
+    n_layers: int = 8
+    pattern: str = "PPPA"
+    n_heads: int = 8
+    n_kv_heads: int = 8
+    head_dim: int = 64
+    mlp_ratio: float = 8 / 3
+    deg: int = 2
+    window: int = 512
+    rope_base: float | None = 10000.0
+    tie_embeddings: bool = True
+    dtype: str = "float32"  # compute dtype (activations, KV cache); the retention state is always float32
+    param_dtype: str = "float32"
+    gating: bool = True
+    qk_norm: bool = False
+    chunk_size: int | None = None
+    impl: str = "auto"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "window"):
+            check_positive_int(name, getattr(self, name))
+        check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
+        if not isinstance(self.pattern, str) or not self.pattern or set(self.pattern) - set(MIXERS):
+            raise ValueError(f"pattern must be a non-empty string over the letters {MIXERS}, got {self.pattern!r}")
+        if isinstance(self.deg, bool) or not isinstance(self.deg, int) or self.deg < 2 or self.deg % 2:
+            raise ValueError(f"deg must be an even int >= 2 (2, 4, ...), got {self.deg!r}")
+        if isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float)) or self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be a positive number, got {self.mlp_ratio!r}")
+        check_rope_base(self.rope_base, self.head_dim)
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in FLOAT_DTYPES:
+                raise ValueError(f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
+        if self.chunk_size is not None and (isinstance(self.chunk_size, bool) or self.chunk_size not in CHUNK_SIZES):
+            raise ValueError(f"chunk_size must be None or one of {CHUNK_SIZES}, got {self.chunk_size!r}")
+        if self.impl not in RETENTION_IMPLS:
+            raise ValueError(f"impl must be one of {RETENTION_IMPLS}, got {self.impl!r}")
+
+    @property
+    def layer_kinds(self) -> str:
+        """The mixer letter of each layer: the pattern repeated over n_layers."""
+        return "".join(self.pattern[i % len(self.pattern)] for i in range(self.n_layers))
+
+    @property
+    def mlp_hidden(self) -> int:
+        """The SwiGLU hidden width: mlp_ratio * d_model rounded to a multiple of 8."""
+        return 8 * max(1, round(self.mlp_ratio * self.d_model / 8))
+
+
+def _mixer_matmul_params(config: LMConfig, kind: str) -> int:
+    """Weights of one mixer's projections (q, k, v, o, and the gate for P)."""
+    D, Hq, H, d = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+    qkvo = 2 * D * Hq * d + 2 * D * H * d
+    return qkvo + (D * H if kind == "P" and config.gating else 0)
+
+
+def _matmul_params(config: LMConfig) -> int:
+    """Weights that multiply activations, per token: mixer projections, MLPs and the head (tied or not)."""
+    mlp = 3 * config.d_model * config.mlp_hidden
+    mixers = sum(_mixer_matmul_params(config, kind) for kind in config.layer_kinds)
+    return mixers + config.n_layers * mlp + config.vocab_size * config.d_model
+
+
+def count_params(config: LMConfig) -> int:
+    """The parameter count of LM(config), from the config alone (equals LM.param_count())."""
+    D, d, H = config.d_model, config.head_dim, config.n_kv_heads
+    total = _matmul_params(config) + (0 if config.tie_embeddings else config.vocab_size * D)
+    total += (2 * config.n_layers + 1) * D  # block norms and the final norm
+    retention_layers = config.layer_kinds.count("P")
+    total += retention_layers * ((H if config.gating else 0) + (2 * d if config.qk_norm else 0))
+    return total
+
+
+def flops_per_token(config: LMConfig, T: int) -> float:
+    """Forward matmul FLOPs per token over a sequence of T tokens (DESIGN section 1): 2 per matmul weight, plus
+    per layer and query head 2*T*d for causal softmax (averaged over positions), 2*min(window, T)*d for a window,
+    and for power retention 2*D*d per kv head (state write) and per query head (read) plus 2*c*d in the chunk."""
+    Hq, H, d = config.n_heads, config.n_kv_heads, config.head_dim
+    c = config.chunk_size or default_chunk_size(T)
+    D_phi = sympow_dim(d, config.deg)
+    per_kind = {
+        "A": 2 * T * d * Hq,
+        "W": 2 * min(config.window, T) * d * Hq,
+        "P": 2 * D_phi * d * (H + Hq) + 2 * c * d * Hq,
+    }
+    return 2 * _matmul_params(config) + sum(per_kind[kind] for kind in config.layer_kinds)
+
+
+def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
+    """`base` with d_model (a multiple of `multiple`; heads, head dim and layers kept) chosen so the parameter
+    count is as close as possible to `target_params`: sizes softmax, retention and hybrid models alike."""
+    check_positive_int("target_params", target_params)
+    check_positive_int("multiple", multiple)
+    with_width = lambda width: dataclasses.replace(base, d_model=width)
+    lo, hi = 1, 2
+    while count_params(with_width(hi * multiple)) < target_params:  # the count grows with d_model
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if count_params(with_width(mid * multiple)) < target_params else (lo, mid)
+    best = min((lo, hi), key=lambda m: abs(count_params(with_width(m * multiple)) - target_params))
+    return with_width(best * multiple)
+
+
+class LMCache(NamedTuple):
+    """Per-layer mixer caches (RetentionState for P, KVCache for A and W) and the tokens seen so far."""
+
+    layers: tuple
+    length: Int[Array, ""]
+
+
+class Block(nnx.Module):
+    """x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: LMConfig, kind: str, *, rngs: nnx.Rngs):
+        dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
+        common = dict(
+            heads=config.n_heads, kv_heads=config.n_kv_heads, head_dim=config.head_dim, rope_base=config.rope_base,
+            impl=config.impl, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+        )  # fmt: skip
+        norm = lambda: nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mixer_norm = norm()
+        if kind == "P":
+            self.mixer = PowerRetention(
+                config.d_model, deg=config.deg, gating=config.gating, qk_norm=config.qk_norm,
+                chunk_size=config.chunk_size, **common,
+            )  # fmt: skip
+        else:
+            self.mixer = Attention(config.d_model, window=config.window if kind == "W" else None, **common)
+        self.mlp_norm = norm()
+        self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x_BTD, *, positions, cache=None, prefill: bool = False):
+        """Returns (x [B, T, D], the mixer's new cache): its full forward, prefill or decode step."""
+        h = self.mixer_norm(x_BTD)
+        if prefill:
+            h, cache = self.mixer.prefill(h, positions=positions, cache=cache)
+        else:
+            h, cache = self.mixer(h, positions=positions, cache=cache)
+        x_BTD = x_BTD + h
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
+
+
+class LM(nnx.Module):
+    """Decoder-only language model over `config.layer_kinds`; logits are float32 [B, T, vocab_size]."""
+
+    def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
+        if not isinstance(config, LMConfig):
+            raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
+        self.config = config
+        dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
+        self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.blocks = nnx.List([Block(config, kind, rngs=rngs) for kind in config.layer_kinds])
+        self.final_norm = nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.head = (
+            None
+            if config.tie_embeddings
+            else nnx.Linear(
+                config.d_model, config.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            )
+        )
+
+    def forward_embeddings(
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, " T"], caches=None, prefill: bool = False
+    ) -> tuple[Float[Array, "B T V"], tuple | None]:
+        """Blocks, final norm and head from input embeddings; `caches` (one per layer) as in the mixers."""
+        layer_caches = (None,) * len(self.blocks) if caches is None else caches
+        new_caches = []
+        for block, cache in zip(self.blocks, layer_caches):
+            x_BTD, cache = block(x_BTD, positions=positions, cache=cache, prefill=prefill)
+            new_caches.append(cache)
+        x_BTD = self.final_norm(x_BTD)
+        logits = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
+        return logits.astype(jnp.float32), None if caches is None else tuple(new_caches)
+
+    def __call__(self, tokens_BT: Int[Array, "B T"]) -> Float[Array, "B T V"]:
+        """One full causal forward: logits [B, T, vocab_size]."""
+        positions = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+        return self.forward_embeddings(self.embed(tokens_BT), positions=positions)[0]
+
+    def init_caches(self, batch: int, max_len: int, *, step_tokens: int = 1) -> LMCache:
+        """Empty caches for sequences of up to max_len tokens decoded in steps of up to step_tokens tokens."""
+        dtype = jnp.dtype(self.config.dtype)
+        layers = tuple(b.mixer.init_cache(batch, max_len, dtype, step_tokens=step_tokens) for b in self.blocks)
+        return LMCache(layers=layers, length=jnp.zeros((), jnp.int32))
+
+    def prefill(
+        self, tokens_BT: Int[Array, "B T"], max_len: int, *, step_tokens: int = 1
+    ) -> tuple[Float[Array, "B T V"], LMCache]:
+        """Run a prompt and fill fresh caches for up to max_len tokens in all (compiled per shape).
+        Returns (logits [B, T, V], caches) for `decode_step` with steps of up to step_tokens tokens."""
+        _check_tokens(tokens_BT, self.config.vocab_size)
+        check_positive_int("max_len", max_len)
+        if max_len < tokens_BT.shape[1]:
+            raise ValueError(f"max_len must be >= the prompt length {tokens_BT.shape[1]}, got {max_len}")
+        graphdef, state = nnx.split(self)
+        return _prefill(graphdef, state, tokens_BT, max_len=max_len, step_tokens=step_tokens)
+
+    def decode_step(self, tokens_BN: Int[Array, "B n"], caches: LMCache) -> tuple[Float[Array, "B n V"], LMCache]:
+        """n new tokens after those in `caches`: (logits [B, n, V], updated caches). Compiled once per shape.
+        The caches must have room: total length <= max_len for A layers, n <= step_tokens for W layers."""
+        _check_tokens(tokens_BN, self.config.vocab_size)
+        graphdef, state = nnx.split(self)
+        return _decode(graphdef, state, tokens_BN, caches)
+
+    def param_count(self) -> int:
+        """The number of parameters (all nnx.Param leaves)."""
+        return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
+
+    def flops_per_token(self, T: int) -> float:
+        """Forward matmul FLOPs per token at sequence length T (see `flops_per_token`)."""
+        return flops_per_token(self.config, T)
+
+
+def _check_tokens(tokens, vocab_size: int) -> None:
+    if getattr(tokens, "ndim", None) != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens must be an int array [B, T] of ids < vocab_size={vocab_size}, got "
+            f"{getattr(tokens, 'dtype', type(tokens).__name__)} {getattr(tokens, 'shape', None)}"
+        )
+
+
+@partial(jax.jit, static_argnames=("graphdef", "max_len", "step_tokens"))
+def _prefill(graphdef, state, tokens_BT, *, max_len, step_tokens):
+    model = nnx.merge(graphdef, state)
+    B, T = tokens_BT.shape
+    fresh = model.init_caches(B, max_len, step_tokens=step_tokens)
+    positions = jnp.arange(T, dtype=jnp.int32)
+    logits, layers = model.forward_embeddings(
+        model.embed(tokens_BT), positions=positions, caches=fresh.layers, prefill=True
+    )
+    return logits, LMCache(layers=layers, length=jnp.asarray(T, jnp.int32))
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _decode(graphdef, state, tokens_BN, caches: LMCache):
+    model = nnx.merge(graphdef, state)
+    n = tokens_BN.shape[1]
+    positions = caches.length + jnp.arange(n, dtype=jnp.int32)
+    logits, layers = model.forward_embeddings(model.embed(tokens_BN), positions=positions, caches=caches.layers)
+    return logits, LMCache(layers=layers, length=caches.length + n)

@@ -1,0 +1,64 @@
+"""Bad input raises ValueError or TypeError naming the argument and what is allowed, before any heavy work."""
+
+import jax.numpy as jnp
+import pytest
+
+from retention import init_kv_cache, init_state, power_retention, power_retention_step, softmax_attention
+from retention import softmax_attention_step
+
+q = jnp.ones((1, 5, 4, 8), jnp.float32)
+kv = jnp.ones((1, 5, 2, 8), jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "kwargs,err,match",
+    [
+        (dict(q=jnp.ones((5, 4, 8))), ValueError, "q must have rank 4"),
+        (dict(k=jnp.ones((1, 5, 3, 8)), v=jnp.ones((1, 5, 3, 8))), ValueError, "multiple of kv heads"),
+        (dict(v=jnp.ones((1, 5, 2, 7))), ValueError, "k and v must have the same shape"),
+        (dict(k=jnp.ones((1, 6, 2, 8)), v=jnp.ones((1, 6, 2, 8))), ValueError, "must agree"),
+        (dict(k=kv.astype(jnp.bfloat16)), TypeError, "share one dtype"),
+        (dict(q=jnp.ones((1, 5, 4, 8), jnp.int32)), TypeError, "q must be float32"),
+        (dict(deg=3), ValueError, "deg must be an even integer"),
+        (dict(deg=0), ValueError, "deg must be an even integer"),
+        (dict(deg=-2), ValueError, "deg must be an even integer"),
+        (dict(chunk_size=48), ValueError, "chunk_size must be None or one of"),
+        (dict(chunk_size=2048), ValueError, "chunk_size"),
+        (dict(log_g=jnp.zeros((1, 5, 4))), ValueError, r"log_g must have shape \[B, T, H\]"),
+        (dict(scale=-1.0), ValueError, "scale must be"),
+        (dict(impl="triton"), ValueError, "impl must be one of"),
+        (dict(initial_state=init_state(1, 2, 8, 4)), ValueError, "initial_state must have S"),
+    ],
+)
+def test_power_retention_bad_input(kwargs, err, match):
+    args = dict(q=q, k=kv, v=kv)
+    args.update(kwargs)
+    with pytest.raises(err, match=match):
+        power_retention(**args)
+
+
+def test_pallas_not_built_yet():
+    with pytest.raises(NotImplementedError, match="pallas"):
+        power_retention(q, kv, kv, impl="pallas")
+
+
+def test_step_bad_state():
+    with pytest.raises(ValueError, match="state must have S"):
+        power_retention_step(init_state(1, 2, 4), q, kv, kv)
+    with pytest.raises(TypeError, match="RetentionState"):
+        power_retention_step((1, 2), q, kv, kv)
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True])
+def test_softmax_bad_window(window):
+    with pytest.raises(ValueError, match="window must be None"):
+        softmax_attention(q, kv, kv, window=window)
+
+
+def test_kv_cache_bad_input():
+    with pytest.raises(ValueError, match="max_len must be a positive int"):
+        init_kv_cache(1, 2, 8, 0)
+    with pytest.raises(ValueError, match="max_len >= window"):
+        softmax_attention_step(init_kv_cache(1, 2, 8, 4), q[:, :3], kv[:, :3], kv[:, :3], window=4)
+    with pytest.raises(ValueError, match="must match on B, H, d and dtype"):
+        softmax_attention_step(init_kv_cache(1, 2, 8, 16, jnp.bfloat16), q[:, :1], kv[:, :1], kv[:, :1])
