@@ -201,7 +201,7 @@ class Attention(nnx.Module):
         """A whole prompt at positions 0..T-1 into an empty cache: the full-sequence op for y, then the last
         min(T, slots) keys and values written at slots position % slots (a full cache must hold all T)."""
         B, T, _ = x_BTD.shape
-        L = cache.k.shape[1]
+        L = cache.k.shape[2]  # KVCache k is [B, H, L, d]
         if self.window is None and L < T:
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
         q, k, v = self._project(x_BTD, positions)
@@ -209,8 +209,8 @@ class Attention(nnx.Module):
         kept = min(T, L)
         pos = jnp.arange(T - kept, T, dtype=jnp.int32)
         cache = KVCache(
-            k=cache.k.at[:, pos % L].set(k[:, T - kept :].astype(cache.k.dtype)),
-            v=cache.v.at[:, pos % L].set(v[:, T - kept :].astype(cache.v.dtype)),
+            k=cache.k.at[:, :, pos % L].set(jnp.swapaxes(k[:, T - kept :], 1, 2).astype(cache.k.dtype)),
+            v=cache.v.at[:, :, pos % L].set(jnp.swapaxes(v[:, T - kept :], 1, 2).astype(cache.v.dtype)),
             pos=cache.pos.at[pos % L].set(pos),
             length=jnp.asarray(T, jnp.int32),
         )

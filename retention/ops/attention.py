@@ -191,18 +191,19 @@ class KVCache(NamedTuple):
     """Preallocated keys and values. Slot s holds absolute position pos[s] (-1 when empty); tokens are written
     at slot position % max_len, so a cache shorter than the sequence is a ring buffer (a sliding window)."""
 
-    k: Float[Array, "B L H d"]
-    v: Float[Array, "B L H d"]
+    k: Float[Array, "B H L d"]
+    v: Float[Array, "B H L d"]
     pos: Int[Array, " L"]
     length: Int[Array, ""]
 
 
 def init_kv_cache(batch: int, heads: int, head_dim: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    """An empty cache of `max_len` slots: k and v [batch, max_len, heads, head_dim] in `dtype`."""
+    """An empty cache of `max_len` slots: k and v [batch, heads, max_len, head_dim] in `dtype` (heads before
+    slots, so a decode step reads each head's keys contiguously instead of transposing the cache)."""
     for name, val in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("max_len", max_len)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise ValueError(f"{name} must be a positive int, got {val!r}")
-    shape = (batch, max_len, heads, head_dim)
+    shape = (batch, heads, max_len, head_dim)
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=jnp.full((max_len,), -1, jnp.int32), length=jnp.zeros((), jnp.int32))
 
 
@@ -225,8 +226,8 @@ def softmax_attention_step(
     check_scale(scale)
     _check_window(window)
     B, n, Hq, d = q.shape
-    L, H = cache.k.shape[1], cache.k.shape[2]
-    if cache.k.shape != (B, L, k.shape[2], d) or cache.k.dtype != k.dtype:
+    H, L = cache.k.shape[1], cache.k.shape[2]
+    if cache.k.shape != (B, k.shape[2], L, d) or cache.k.dtype != k.dtype:
         raise ValueError(
             f"cache holds k {cache.k.shape} {cache.k.dtype}; new k {k.shape} {k.dtype} must match on B, H, d and dtype"
         )
@@ -234,18 +235,28 @@ def softmax_attention_step(
         raise ValueError(f"a sliding-window cache needs max_len >= window + n - 1 = {window + n - 1}, got {L}")
     scale = d**-0.5 if scale is None else float(scale)
     new_pos = cache.length + jnp.arange(n, dtype=jnp.int32)
+    k_BHnd, v_BHnd = (rearrange(x, "B n H d -> B H n d") for x in (k, v))
+    acc_t = _acc_dtype(q)
+    q_BHmd = rearrange(q.astype(acc_t) * scale, "B n (H g) d -> B H (g n) d", H=H)  # m = g * n query rows
+    # Read the cache as it was, with the new keys beside it, and write only after: reading the written cache
+    # makes XLA copy the whole cache every step (measured 6x slower at 16k, experiments/PERF_LOG.md).
+    s_old = jnp.einsum("bhmd,bhld->bhml", q_BHmd, cache.k, preferred_element_type=acc_t)
+    s_new = jnp.einsum("bhmd,bhjd->bhmj", q_BHmd, k_BHnd, preferred_element_type=acc_t)
+    row_pos = jnp.tile(new_pos, Hq // H)[:, None]  # the position of each of the m query rows
+    ok_old = (cache.pos[None, :] >= 0) & _allowed(row_pos, cache.pos[None, :], window)
+    ok_new = _allowed(row_pos, new_pos[None, :], window)
+    s = jnp.concatenate([jnp.where(ok_old, s_old, -jnp.inf), jnp.where(ok_new, s_new, -jnp.inf)], axis=-1)
+    p = jax.nn.softmax(s, axis=-1)
+    y = jnp.einsum("bhml,bhld->bhmd", p[..., :L], cache.v, preferred_element_type=acc_t)
+    y = y + jnp.einsum("bhmj,bhjd->bhmd", p[..., L:], v_BHnd, preferred_element_type=acc_t)
+    y = rearrange(y, "B H (g n) d -> B n (H g) d", n=n).astype(v.dtype)
+    y, k_cache, v_cache = jax.lax.optimization_barrier((y, cache.k, cache.v))  # the write waits for the read
     if n == 1:
         slot = cache.length % L
-        k_cache = jax.lax.dynamic_update_slice_in_dim(cache.k, k, slot, axis=1)
-        v_cache = jax.lax.dynamic_update_slice_in_dim(cache.v, v, slot, axis=1)
+        k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BHnd, slot, axis=2)
+        v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BHnd, slot, axis=2)
     else:
-        k_cache = cache.k.at[:, new_pos % L].set(k)
-        v_cache = cache.v.at[:, new_pos % L].set(v)
+        k_cache = k_cache.at[:, :, new_pos % L].set(k_BHnd)
+        v_cache = v_cache.at[:, :, new_pos % L].set(v_BHnd)
     pos = cache.pos.at[new_pos % L].set(new_pos)
-    q_g = rearrange(q.astype(_acc_dtype(q)) * scale, "B n (H g) d -> B H g n d", H=H)
-    s = jnp.einsum("bhgnd,blhd->bhgnl", q_g, k_cache.astype(q_g.dtype))
-    ok = (pos[None, :] >= 0) & _allowed(new_pos[:, None], pos[None, :], window)
-    p = jax.nn.softmax(jnp.where(ok, s, -jnp.inf), axis=-1)
-    y = jnp.einsum("bhgnl,blhd->bhgnd", p, v_cache.astype(p.dtype))
-    y = rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype)
     return y, KVCache(k=k_cache, v=v_cache, pos=pos, length=cache.length + n)

@@ -10,7 +10,7 @@ impl = "auto" | "xla" | "pallas" | "reference":
 from jaxtyping import Array, Float
 
 from retention.ops.chunked import power_retention_chunked
-from retention.ops.recurrent import RetentionState, init_state
+from retention.ops.recurrent import RetentionState, chunk_step, init_state
 from retention.ops.reference import power_retention_reference
 from retention.ops.sympow import sympow_dim
 from retention.ops.validation import check_deg, check_log_g, check_qkv, check_scale
@@ -97,6 +97,7 @@ def power_retention_step(
 
     The n tokens form one chunk, so each row gets its own gate discount (the state and earlier new keys are
     decayed by the gates up to that row, not by all n). Returns (y in v's dtype, the updated state).
+    Inside a compiled loop the state is updated in place: one pass over S per token.
     """
     check_qkv(q, k, v)
     check_deg(deg)
@@ -105,6 +106,6 @@ def power_retention_step(
     B, n, _, d = q.shape
     _check_state(state, B, k.shape[2], d, deg, "state")
     scale = d**-0.5 if scale is None else float(scale)
-    return power_retention_chunked(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=n)
+    return chunk_step(state, q, k, v, log_g, deg=deg, scale=scale)
 
 

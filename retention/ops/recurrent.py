@@ -58,6 +58,38 @@ def _step_tokens(S_aug, q_BHgd, k_BHd, v_aug_BHe, log_g_BH, deg):
     return S_aug, y_aug
 
 
+def chunk_step(state: RetentionState, q, k, v, log_g, *, deg: int, scale: float):
+    """n >= 1 new tokens as one chunk against `state`, with S and z kept apart (no [S | z] copy per call, which
+    costs more than the step itself at decode). Returns (y [B, n, Hq, d] in v's dtype, the updated state).
+
+    Row i reads phi(q_i exp(G_i / p)) . (S, z), G_i the gates of tokens 1..i of the chunk, plus the chunk's own
+    keys directly: (q_i . k_j)^p exp(G_i - G_j) for j <= i.
+    """
+    H = k.shape[2]
+    f32 = jnp.float32
+    q_BHgnd = rearrange(q.astype(f32) * scale, "B n (H g) d -> B H g n d", H=H)
+    k_BHnd = rearrange(k.astype(f32), "B n H d -> B H n d")
+    v_BHnd = rearrange(v.astype(f32), "B n H d -> B H n d")
+    n = k.shape[1]
+    log_g = jnp.zeros(k.shape[:3], f32) if log_g is None else log_g.astype(f32)
+    G_BHn = jnp.cumsum(rearrange(log_g, "B n H -> B H n"), axis=-1)
+    G_end_BH = G_BHn[..., -1]
+
+    phi_q = sympow(q_BHgnd * jnp.exp(G_BHn / deg)[:, :, None, :, None], deg)
+    causal = jnp.tril(jnp.ones((n, n), dtype=bool))
+    decay_BHnn = jnp.where(causal, jnp.exp(jnp.where(causal, G_BHn[..., :, None] - G_BHn[..., None, :], 0.0)), 0.0)
+    A = jnp.einsum("bhgid,bhjd->bhgij", q_BHgnd, k_BHnd) ** deg * decay_BHnn[:, :, None]
+    num = jnp.einsum("bhgnD,bhDd->bhgnd", phi_q, state.S) + jnp.einsum("bhgij,bhjd->bhgid", A, v_BHnd)
+    den = jnp.einsum("bhgnD,bhD->bhgn", phi_q, state.z) + A.sum(-1)
+    y = normalise(jnp.concatenate([num, den[..., None]], axis=-1))
+
+    phi_k = sympow(k_BHnd * jnp.exp((G_end_BH[..., None] - G_BHn) / deg)[..., None], deg)
+    decay_BH = jnp.exp(G_end_BH)
+    S = decay_BH[..., None, None] * state.S + jnp.einsum("bhnD,bhnd->bhDd", phi_k, v_BHnd)
+    z = decay_BH[..., None] * state.z + phi_k.sum(axis=2)
+    return rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype), RetentionState(S=S, z=z)
+
+
 def recurrent_scan(q, k, v, log_g, state: RetentionState, *, deg: int, scale: float):
     """Token-by-token recurrence over [B, n, ...] inputs from `state`; returns (y [B, n, Hq, d] float32, state).
 

@@ -43,14 +43,7 @@ def test_prefill_then_decode_equals_forward(pattern):
         assert rel_err(jnp.concatenate(pieces, axis=1), full) < 1e-5, (pattern, n)
 
 
-NAN_GRAD_WHEN_PADDED = pytest.mark.xfail(
-    strict=True,
-    reason="retention/ops/chunked.py: the gradient w.r.t. k is NaN when T is not a multiple of the chunk: padded "
-    "rows compute 0 / DEN_FLOOR, whose JVP w.r.t. the denominator is 0 * 0 * DEN_FLOOR**-2 = 0 * inf in float32",
-)
-
-
-@pytest.mark.parametrize("T", [32, pytest.param(23, marks=NAN_GRAD_WHEN_PADDED)])
+@pytest.mark.parametrize("T", [23, 32])
 def test_causal(T):
     """The gradient of the logits at position t w.r.t. the input embeddings after t is exactly zero (P, W and A
     layers; T=32 fills two chunks of 16, T=23 pads the second)."""

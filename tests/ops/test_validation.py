@@ -13,10 +13,10 @@ kv = jnp.ones((1, 5, 2, 8), jnp.float32)
 @pytest.mark.parametrize(
     "kwargs,err,match",
     [
-        (dict(q=jnp.ones((5, 4, 8))), ValueError, "q must have rank 4"),
-        (dict(k=jnp.ones((1, 5, 3, 8)), v=jnp.ones((1, 5, 3, 8))), ValueError, "multiple of kv heads"),
-        (dict(v=jnp.ones((1, 5, 2, 7))), ValueError, "k and v must have the same shape"),
-        (dict(k=jnp.ones((1, 6, 2, 8)), v=jnp.ones((1, 6, 2, 8))), ValueError, "must agree"),
+        (dict(q=jnp.ones((5, 4, 8), jnp.float32)), ValueError, "q must have rank 4"),
+        (dict(k=jnp.ones((1, 5, 3, 8), jnp.float32), v=jnp.ones((1, 5, 3, 8), jnp.float32)), ValueError, "multiple of kv heads"),
+        (dict(v=jnp.ones((1, 5, 2, 7), jnp.float32)), ValueError, "k and v must have the same shape"),
+        (dict(k=jnp.ones((1, 6, 2, 8), jnp.float32), v=jnp.ones((1, 6, 2, 8), jnp.float32)), ValueError, "must agree"),
         (dict(k=kv.astype(jnp.bfloat16)), TypeError, "share one dtype"),
         (dict(q=jnp.ones((1, 5, 4, 8), jnp.int32)), TypeError, "q must be float32"),
         (dict(deg=3), ValueError, "deg must be an even integer"),
