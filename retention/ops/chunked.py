@@ -16,18 +16,14 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float
 
-from retention.ops.recurrent import RetentionState, augment, normalise, split
+from retention.ops.recurrent import RetentionState, augment, causal_decay, normalise, split
 from retention.ops.sympow import sympow
 
 
 def _intra_chunk(q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc, deg):
     """Quadratic part inside each chunk: [B, N, H, g, c, e] (numerator columns, then the normaliser)."""
     scores = jnp.einsum("bnhgid,bnhjd->bnhgij", q_BNHgcd, k_BNHcd) ** deg
-    c = Gc_BNHc.shape[-1]
-    causal = jnp.tril(jnp.ones((c, c), dtype=bool))
-    log_decay = Gc_BNHc[..., :, None] - Gc_BNHc[..., None, :]
-    decay = jnp.where(causal, jnp.exp(jnp.where(causal, log_decay, 0.0)), 0.0)
-    return jnp.einsum("bnhgij,bnhje->bnhgie", scores * decay[:, :, :, None], v_BNHce)
+    return jnp.einsum("bnhgij,bnhje->bnhgie", scores * causal_decay(Gc_BNHc)[:, :, :, None], v_BNHce)
 
 
 def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):

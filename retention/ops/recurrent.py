@@ -37,6 +37,13 @@ def normalise(y_aug: Float[Array, "... e"]) -> Float[Array, "... d"]:
     return jnp.where(positive, num / jnp.where(positive, den, 1.0), 0.0)
 
 
+def causal_decay(G: Float[Array, "... c"]) -> Float[Array, "... c c"]:
+    """exp(G_i - G_j) for j <= i, else 0, from inclusive cumulative log-gates G (every exponent <= 0)."""
+    c = G.shape[-1]
+    causal = jnp.tril(jnp.ones((c, c), dtype=bool))
+    return jnp.where(causal, jnp.exp(jnp.where(causal, G[..., :, None] - G[..., None, :], 0.0)), 0.0)
+
+
 def augment(state: RetentionState) -> Float[Array, "B H D e"]:
     """S with z appended as its last column: [B, H, D, d+1], so one matmul reads numerator and normaliser."""
     return jnp.concatenate([state.S, state.z[..., None]], axis=-1)
@@ -76,17 +83,17 @@ def chunk_step(state: RetentionState, q, k, v, log_g, *, deg: int, scale: float)
     G_end_BH = G_BHn[..., -1]
 
     phi_q = sympow(q_BHgnd * jnp.exp(G_BHn / deg)[:, :, None, :, None], deg)
-    causal = jnp.tril(jnp.ones((n, n), dtype=bool))
-    decay_BHnn = jnp.where(causal, jnp.exp(jnp.where(causal, G_BHn[..., :, None] - G_BHn[..., None, :], 0.0)), 0.0)
-    A = jnp.einsum("bhgid,bhjd->bhgij", q_BHgnd, k_BHnd) ** deg * decay_BHnn[:, :, None]
+    A = jnp.einsum("bhgid,bhjd->bhgij", q_BHgnd, k_BHnd) ** deg * causal_decay(G_BHn)[:, :, None]
     num = jnp.einsum("bhgnD,bhDd->bhgnd", phi_q, state.S) + jnp.einsum("bhgij,bhjd->bhgid", A, v_BHnd)
     den = jnp.einsum("bhgnD,bhD->bhgn", phi_q, state.z) + A.sum(-1)
     y = normalise(jnp.concatenate([num, den[..., None]], axis=-1))
+    # The barrier orders the in-place update after the read; without it XLA copies S every step (2x per token).
+    y, S_old, z_old = jax.lax.optimization_barrier((y, state.S, state.z))
 
     phi_k = sympow(k_BHnd * jnp.exp((G_end_BH[..., None] - G_BHn) / deg)[..., None], deg)
     decay_BH = jnp.exp(G_end_BH)
-    S = decay_BH[..., None, None] * state.S + jnp.einsum("bhnD,bhnd->bhDd", phi_k, v_BHnd)
-    z = decay_BH[..., None] * state.z + phi_k.sum(axis=2)
+    S = decay_BH[..., None, None] * S_old + jnp.einsum("bhnD,bhnd->bhDd", phi_k, v_BHnd)
+    z = decay_BH[..., None] * z_old + phi_k.sum(axis=2)
     return rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype), RetentionState(S=S, z=z)
 
 

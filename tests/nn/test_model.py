@@ -9,15 +9,12 @@ from flax import nnx
 
 from retention.nn import LM, LMConfig, cache_bytes, count_params, flops_per_token, size_config
 from retention.nn import model as model_module
+from tests.helpers import rel_err
 
 TINY = LMConfig(
     vocab_size=50, d_model=32, n_layers=2, pattern="A", n_heads=4, n_kv_heads=2, head_dim=8, window=5,
     gating=True, chunk_size=16,
 )  # fmt: skip
-
-
-def rel_err(a, b):
-    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
 
 def tokens(key, B, T, vocab):
