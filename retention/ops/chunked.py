@@ -11,6 +11,8 @@ rematerialised, so the backward pass keeps one state per chunk boundary ([B, H, 
 per-token feature map or anything T x T.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from einops import rearrange
@@ -20,14 +22,42 @@ from retention.ops.recurrent import RetentionState, augment, causal_decay, norma
 from retention.ops.sympow import sympow
 
 
-def _intra_chunk(q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc, deg):
-    """Quadratic part inside each chunk: [B, N, H, g, c, e] (numerator columns, then the normaliser)."""
-    scores = jnp.einsum("bnhgid,bnhjd->bnhgij", q_BNHgcd, k_BNHcd) ** deg
-    return jnp.einsum("bnhgij,bnhje->bnhgie", scores * causal_decay(Gc_BNHc)[:, :, :, None], v_BNHce)
+INTRA_GROUP_BYTES = 1 << 24  # chunks per batched intra-chunk step: about 16 MB of scores at a time
+
+
+def _intra_chunk(q_BHgcd, k_BHcd, v_BHce, Gc_BHc, deg):
+    """Quadratic part inside one chunk: [B, H, g, c, e] (numerator columns, then the normaliser)."""
+    scores = jnp.einsum("bhgid,bhjd->bhgij", q_BHgcd, k_BHcd) ** deg
+    return jnp.einsum("bhgij,bhje->bhgie", scores * causal_decay(Gc_BHc)[:, :, None], v_BHce)
+
+
+def _intra_chunks(q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc, deg):
+    """`_intra_chunk` for all N chunks, batched in groups of ~16 MB of scores, each group rematerialised, so
+    neither pass ever holds every chunk's c x c scores: [N, B, H, g, c, e]."""
+    _, B, H, g, c, _ = q_NBHgcd.shape
+    group = max(1, INTRA_GROUP_BYTES // (4 * B * H * g * c * c))
+    one_group = jax.checkpoint(lambda xs: _intra_chunk(*xs, deg))
+    return jax.lax.map(one_group, (q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc), batch_size=group)
+
+
+STATE_BUDGET_BYTES = 1 << 28  # chunk-boundary states the backward may keep (256 MB) before it regroups
+
+
+def _state_group(n_chunks: int, state_bytes: int) -> int:
+    """Chunks per rematerialised group: 1 (keep every boundary state) while they fit the budget, else the
+    power of two nearest sqrt(N), so about 2 sqrt(N) states are alive (one extra forward pass in the backward)."""
+    if n_chunks * state_bytes <= STATE_BUDGET_BYTES:
+        return 1
+    return 1 << round(math.log2(math.sqrt(n_chunks)))
 
 
 def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
-    """Scan over chunks: each reads phi(q~) S, then S <- decay S + phi(k~)^T [v|1]. Returns (S_aug, reads)."""
+    """Scan over chunks: each reads phi(q~) S, then S <- decay S + phi(k~)^T [v|1]. Returns (S_aug, reads).
+
+    The body is rematerialised, so the backward keeps chunk-boundary states only; when those exceed
+    STATE_BUDGET_BYTES the chunks are scanned in groups and only group-boundary states are kept (zero chunks
+    with decay 1 pad N to a whole number of groups: they read 0 and leave the state as it is).
+    """
 
     @jax.checkpoint
     def body(S_aug, xs):
@@ -37,7 +67,17 @@ def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
         S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhDc,bhce->bhDe", phi_k_BHDc, v_BHce)
         return S_aug, read
 
-    return jax.lax.scan(body, S0_aug, (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH))
+    xs = (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH)
+    N = q_NBHmd.shape[0]
+    group = _state_group(N, S0_aug.size * S0_aug.dtype.itemsize)
+    if group == 1:
+        return jax.lax.scan(body, S0_aug, xs)
+    n_groups = -(-N // group)
+    pad = n_groups * group - N
+    xs = tuple(jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=c) for x, c in zip(xs, (0, 0, 0, 1)))
+    xs = tuple(x.reshape((n_groups, group) + x.shape[1:]) for x in xs)
+    S_aug, reads = jax.lax.scan(jax.checkpoint(lambda S, g: jax.lax.scan(body, S, g)), S0_aug, xs)
+    return S_aug, reads.reshape((n_groups * group,) + reads.shape[2:])[:N]
 
 
 def power_retention_chunked(
@@ -74,7 +114,8 @@ def power_retention_chunked(
     Gc_BNHc = jnp.cumsum(rearrange(log_g_f, "B (N c) H -> B N H c", c=c), axis=-1)
     G_end_BNH = Gc_BNHc[..., -1]
 
-    intra = jax.checkpoint(_intra_chunk, static_argnums=(4,))(q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc, deg)
+    chunk_major = lambda x: jnp.moveaxis(x, 1, 0)
+    intra = _intra_chunks(*map(chunk_major, (q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc)), deg)
 
     q_decayed = q_BNHgcd * jnp.exp(Gc_BNHc / deg)[:, :, :, None, :, None]
     k_decayed = k_BNHcd * jnp.exp((G_end_BNH[..., None] - Gc_BNHc) / deg)[..., None]
@@ -86,6 +127,6 @@ def power_retention_chunked(
         rearrange(jnp.exp(G_end_BNH), "B N H -> N B H"),
         deg,
     )
-    total = intra + rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)
+    total = rearrange(intra, "N B H g c e -> B N H g c e") + rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)
     y = rearrange(normalise(total), "B N H g c d -> B (N c) (H g) d")[:, :T]
     return y.astype(v.dtype), split(S_aug)

@@ -59,3 +59,19 @@ def test_causality(t):
         assert jnp.all(g[:, t + 1 :] == 0), name
         if t > 0 or name != "log_g":  # y_0 = v_0 whatever the gate
             assert jnp.any(g[:, : t + 1] != 0), name
+
+
+def test_grouped_state_remat_gives_the_same_values_and_gradients(monkeypatch):
+    """Past its state budget the backward keeps only group-boundary states (N = 13 chunks: groups of 4, padded)."""
+    import retention.ops.chunked as chunked
+
+    q, k, v, log_g = random_qkv(8, 1, 200, 4, 2, 8, gate="mild")
+    cot = jax.random.normal(jax.random.key(3), q.shape, jnp.float64)
+    loss = _loss(lambda *a: power_retention(*a, chunk_size=16), cot)
+    want = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_g)
+    monkeypatch.setattr(chunked, "STATE_BUDGET_BYTES", 0)
+    assert chunked._state_group(13, 1) == 4
+    got = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_g)
+    assert abs(float(got[0]) - float(want[0])) <= 1e-5 * abs(float(want[0]))
+    for name, a, b in zip("q k v log_g".split(), got[1], want[1]):
+        assert rel_err(a, b) < 1e-5, name
