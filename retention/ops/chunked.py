@@ -40,7 +40,7 @@ def _intra_chunks(q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc, deg):
     return jax.lax.map(one_group, (q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc), batch_size=group)
 
 
-STATE_BUDGET_BYTES = 1 << 28  # chunk-boundary states the backward may keep (256 MB) before it regroups
+STATE_BUDGET_BYTES = 1 << 30  # chunk-boundary states the backward may keep (1 GiB) before it regroups
 
 
 def _state_group(n_chunks: int, state_bytes: int) -> int:
