@@ -6,9 +6,10 @@ T is padded to N chunks of c tokens (zero keys, log-gate 0) and cropped after. P
   phi(q_i exp(G_i / p)) S, with G relative to its chunk's start, and each chunk adds phi(k_j exp((G_end - G_j)/p))
   [v_j | 1]^T to the decayed state. Every exponent is <= 0, so nothing overflows at any length.
 
-The intra-chunk part runs for all chunks at once; the state runs as a `lax.scan` over chunks whose body is
-rematerialised, so the backward pass keeps one state per chunk boundary ([B, H, D, d+1] each) and never a
-per-token feature map or anything T x T.
+The intra-chunk part runs batched over groups of chunks (about 16 MB of scores at a time); the state runs as a
+`lax.scan` over chunks whose body is rematerialised, so the backward keeps one state per chunk boundary
+([B, H, D, d+1] each; per group of chunks once those pass 1 GiB) and never a per-token feature map or anything
+T x T. Forward+backward at T=65536, H=8, d=64, p=2: 2.6 GB of temporaries (XLA's memory analysis).
 """
 
 import math
@@ -20,7 +21,6 @@ from jaxtyping import Array, Float
 
 from retention.ops.recurrent import RetentionState, augment, causal_decay, normalise, split
 from retention.ops.sympow import sympow
-
 
 INTRA_GROUP_BYTES = 1 << 24  # chunks per batched intra-chunk step: about 16 MB of scores at a time
 
