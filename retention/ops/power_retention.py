@@ -3,12 +3,17 @@
 impl = "auto" | "xla" | "pallas" | "reference":
 - "xla": the chunked form in plain JAX (`chunked.py`), on every backend;
 - "reference": the quadratic oracle (`reference.py`), O(T^2) memory, no state in or out;
-- "pallas": the Pallas kernels (not built yet: raises NotImplementedError);
-- "auto": the XLA chunked path (the Pallas kernels will take GPU and TPU once they exist).
+- "pallas": the Pallas kernels (`pallas_kernels/power_retention`), interpreted on CPU; raises
+  NotImplementedError or ValueError for what they do not support (degree 2 only; on GPU powers of two);
+- "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype, else the XLA path.
 """
 
+import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from pallas_kernels.power_retention import power_retention_pallas, power_retention_step_pallas
+from pallas_kernels.power_retention.forward import check_kernel_shapes
 from retention.ops.chunked import power_retention_chunked
 from retention.ops.recurrent import RetentionState, chunk_step, init_state
 from retention.ops.reference import power_retention_reference
@@ -23,6 +28,20 @@ DEFAULT_CHUNK_SIZE = 128  # fastest measured on CPU at d=64 (experiments/PERF_LO
 def default_chunk_size(T: int) -> int:
     """128, or the smallest allowed chunk that holds all of a shorter sequence."""
     return next((c for c in CHUNK_SIZES if c >= min(T, DEFAULT_CHUNK_SIZE)), DEFAULT_CHUNK_SIZE)
+
+
+def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None) -> bool:
+    """Whether `impl` runs the Pallas kernels: always for "pallas"; for "auto" on GPU or TPU when they support
+    the degree, shapes and dtype."""
+    if impl == "pallas":
+        return True
+    if impl != "auto" or jax.default_backend() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
+        return False
+    try:
+        check_kernel_shapes(deg, q.shape[-1], q.shape[2] // k.shape[2], jax.default_backend(), chunk_size)
+    except (NotImplementedError, ValueError):
+        return False
+    return True
 
 
 def _check_state(state, B: int, H: int, d: int, deg: int, name: str) -> None:
@@ -69,17 +88,15 @@ def power_retention(
         _check_state(initial_state, B, H, d, deg, "initial_state")
     scale = d**-0.5 if scale is None else float(scale)
 
-    if impl == "pallas":
-        raise NotImplementedError("impl='pallas': the Pallas kernels are not built yet; use impl='auto' or 'xla'")
     if impl == "reference":
         if initial_state is not None or return_state:
             raise ValueError("impl='reference' takes no initial_state and returns no state; use impl='xla'")
         return power_retention_reference(q, k, v, log_g, deg=deg, scale=scale)
 
     state = init_state(B, H, d, deg) if initial_state is None else initial_state
-    y, state = power_retention_chunked(
-        q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size or default_chunk_size(T)
-    )
+    chunk_size = chunk_size or default_chunk_size(T)
+    run = power_retention_pallas if _use_pallas(impl, q, k, deg, chunk_size) else power_retention_chunked
+    y, state = run(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size)
     return (y, state) if return_state else y
 
 
@@ -92,12 +109,14 @@ def power_retention_step(
     *,
     deg: int = 2,
     scale: float | None = None,
+    impl: str = "auto",
 ) -> tuple[Float[Array, "B n Hq d"], RetentionState]:
     """Decode n >= 1 new tokens against `state`: row i of y equals row t0 + i of the full forward.
 
     The n tokens form one chunk, so each row gets its own gate discount (the state and earlier new keys are
     decayed by the gates up to that row, not by all n). Returns (y in v's dtype, the updated state).
-    Inside a compiled loop the state is updated in place: one pass over S per token.
+    Inside a compiled loop the state is updated in place. impl: "auto" (the Pallas decode kernel on GPU and TPU
+    where it supports the shapes, else XLA), "xla" or "pallas" (interpreted on CPU).
     """
     check_qkv(q, k, v)
     check_deg(deg)
@@ -105,7 +124,10 @@ def power_retention_step(
     check_scale(scale)
     B, n, _, d = q.shape
     _check_state(state, B, k.shape[2], d, deg, "state")
+    if impl not in ("auto", "xla", "pallas"):
+        raise ValueError(f"impl must be one of ('auto', 'xla', 'pallas') for a decode step, got {impl!r}")
     scale = d**-0.5 if scale is None else float(scale)
-    return chunk_step(state, q, k, v, log_g, deg=deg, scale=scale)
+    run = power_retention_step_pallas if _use_pallas(impl, q, k, deg, None) else chunk_step
+    return run(state, q, k, v, log_g, deg=deg, scale=scale)
 
 

@@ -106,3 +106,14 @@ def test_million_tokens_stay_finite_and_bounded(gate):
     running_max = np.maximum.accumulate(v[0, :, 0], axis=0)
     slack = 1e-4 * np.abs(v).max()
     assert (y[0, :, 0] >= running_min - slack).all() and (y[0, :, 0] <= running_max + slack).all()
+
+
+def test_pallas_dispatch_matches_reference():
+    """impl="pallas" reaches the kernels (interpreted on CPU), for the op and the decode step."""
+    q, k, v, log_g = random_qkv(21, 1, 37, 4, 2, 16, gate="mild")
+    y, state = power_retention(q[:, :36], k[:, :36], v[:, :36], log_g[:, :36], chunk_size=16, impl="pallas",
+                               return_state=True)
+    want = _reference(q, k, v, log_g, 2)
+    assert rel_err(y, want[:, :36]) < F32_TOL
+    y_last, _ = power_retention_step(state, q[:, 36:], k[:, 36:], v[:, 36:], log_g[:, 36:], impl="pallas")
+    assert rel_err(y_last, want[:, 36:]) < F32_TOL

@@ -37,9 +37,12 @@ def test_power_retention_bad_input(kwargs, err, match):
         power_retention(**args)
 
 
-def test_pallas_not_built_yet():
-    with pytest.raises(NotImplementedError, match="pallas"):
-        power_retention(q, kv, kv, impl="pallas")
+def test_pallas_names_the_degrees_it_supports():
+    with pytest.raises(NotImplementedError, match="support degrees"):
+        power_retention(jnp.ones((1, 5, 4, 16), jnp.float32), jnp.ones((1, 5, 2, 16), jnp.float32),
+                        jnp.ones((1, 5, 2, 16), jnp.float32), deg=4, impl="pallas")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        power_retention_step(init_state(1, 2, 8), q[:, :1], kv[:, :1], kv[:, :1], impl="reference")
 
 
 def test_step_bad_state():

@@ -1,0 +1,27 @@
+"""The Hydra entry point: `python train.py model=hybrid data=mqar data.seq_len=256`, or a sweep with
+`python train.py -m model=softmax,power,hybrid`. Each run trains in its Hydra run folder (TensorBoard events
+in tb/, Orbax checkpoints in checkpoints/, summary.json) and resumes from its newest checkpoint when rerun with
+the same folder (hydra.run.dir=...). Configs: configs/, typed by retention/train/config.py.
+"""
+
+import logging
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from retention.train import register_configs, train
+
+register_configs()
+logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save at INFO
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Train one run; returns its final loss (what a Hydra sweeper would minimise)."""
+    summary = train(OmegaConf.to_object(cfg), HydraConfig.get().runtime.output_dir)
+    return summary["final_loss"]
+
+
+if __name__ == "__main__":
+    main()
