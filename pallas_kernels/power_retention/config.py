@@ -10,6 +10,8 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
 
 BACKENDS = ("gpu", "tpu")
 
@@ -62,3 +64,10 @@ def matmul_precision(dtype) -> jax.lax.Precision:
     """float32 inputs: exact float32 matmuls (HIGHEST; Triton's DEFAULT would be TF32); bf16 inputs: DEFAULT
     (TF32 on GPU, one bf16 pass on TPU), well inside the bf16 tolerance."""
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def compiler_params(backend: str, blocks: BlockSizes, semantics: tuple[str, ...]):
+    """Mosaic parameters (grid axes' `semantics`) on TPU; Triton's warps and stages from `blocks` on GPU."""
+    if backend == "tpu":
+        return pltpu.CompilerParams(dimension_semantics=semantics)
+    return pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)

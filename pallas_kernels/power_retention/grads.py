@@ -14,12 +14,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.power_retention.chunk_math import (DEG, F32, dot, gate_factors, intra_grads, read_row,
                                                        read_row_grad)
-from pallas_kernels.power_retention.config import BlockSizes
+from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 
 
 def _last_row_mask(shape):
@@ -128,10 +126,7 @@ def chunk_grads(q, k, v, Gc, Gr, dnum, dden, dden_row, S_before, dS_after, Z_bef
         jax.ShapeDtypeStruct((B, H, g, Tp, 1), F32),
         jax.ShapeDtypeStruct((B, H, Tp, 1), F32),
     ]
-    if backend == "tpu":
-        params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
-    else:
-        params = pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
+    params = compiler_params(backend, blocks, ("parallel", "parallel", "parallel", "arbitrary"))
     return pl.pallas_call(
         partial(_kernel, scale=scale, precision=precision),
         grid=(B, H, N, d // rows),

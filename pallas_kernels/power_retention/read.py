@@ -13,11 +13,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.power_retention.chunk_math import F32, dot, gate_factors, intra, read_row
-from pallas_kernels.power_retention.config import BlockSizes
+from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 
 
 def _kernel(q_ref, k_ref, v_ref, Gc_ref, Gr_ref, S_ref, Z_ref, y_ref, den_ref, *, scale, precision):
@@ -76,10 +74,7 @@ def read_chunks(q, k, v, Gc, Gr, S_before, Z_before, *, scale: float, backend: s
         pl.BlockSpec((None, None, c, e), lambda b, i, n, j: (b, i, n, 0)),
         pl.BlockSpec((None, None, c, 1), lambda b, i, n, j: (b, i, n, 0)),
     ]
-    if backend == "tpu":
-        params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
-    else:
-        params = pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages)
+    params = compiler_params(backend, blocks, ("parallel", "parallel", "parallel", "arbitrary"))
     return pl.pallas_call(
         partial(_kernel, scale=scale, precision=precision),
         grid=(B, Hq, N, d // rows),

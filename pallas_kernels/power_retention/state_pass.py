@@ -24,10 +24,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as pltriton
 
 from pallas_kernels.power_retention.chunk_math import F32, write_row
-from pallas_kernels.power_retention.config import BlockSizes
+from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 
 
 def _advance(rows, a0, gamma, xs_t, us, precision):
@@ -116,8 +115,7 @@ def state_pass(x, u, f, gamma, init, *, chunk: int, reverse: bool, backend: str,
             out_specs=out_specs,
             out_shape=out_shape,
             scratch_shapes=[pltpu.VMEM((rows, d, e), F32)],
-            compiler_params=pltpu.CompilerParams(
-                dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
+            compiler_params=compiler_params(backend, blocks, ("parallel", "parallel", "parallel", "arbitrary")),
             interpret=interpret,
         )(x, u, f, gamma, init)
     in_specs = [
@@ -137,6 +135,6 @@ def state_pass(x, u, f, gamma, init, *, chunk: int, reverse: bool, backend: str,
         in_specs=in_specs,
         out_specs=out_specs,
         out_shape=out_shape,
-        compiler_params=pltriton.CompilerParams(num_warps=blocks.num_warps, num_stages=blocks.num_stages),
+        compiler_params=compiler_params(backend, blocks, ()),
         interpret=interpret,
     )(x, u, f, gamma, init)

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from pallas_kernels.power_retention import power_retention_pallas, power_retention_step_pallas
-from pallas_kernels.power_retention.forward import check_kernel_shapes
+# Module imports, read at call time: the kernels import retention's state type, so either package may load first.
+import pallas_kernels.power_retention.decode as pallas_decode
+import pallas_kernels.power_retention.forward as pallas_forward
 from retention.ops.chunked import power_retention_chunked
 from retention.ops.recurrent import RetentionState, chunk_step, init_state
 from retention.ops.reference import power_retention_reference
@@ -38,7 +39,7 @@ def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None) -> bool:
     if impl != "auto" or jax.default_backend() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
         return False
     try:
-        check_kernel_shapes(deg, q.shape[-1], q.shape[2] // k.shape[2], jax.default_backend(), chunk_size)
+        pallas_forward.check_kernel_shapes(deg, q.shape[-1], q.shape[2] // k.shape[2], jax.default_backend(), chunk_size)
     except (NotImplementedError, ValueError):
         return False
     return True
@@ -95,7 +96,8 @@ def power_retention(
 
     state = init_state(B, H, d, deg) if initial_state is None else initial_state
     chunk_size = chunk_size or default_chunk_size(T)
-    run = power_retention_pallas if _use_pallas(impl, q, k, deg, chunk_size) else power_retention_chunked
+    use_pallas = _use_pallas(impl, q, k, deg, chunk_size)
+    run = pallas_forward.power_retention_pallas if use_pallas else power_retention_chunked
     y, state = run(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size)
     return (y, state) if return_state else y
 
@@ -127,7 +129,7 @@ def power_retention_step(
     if impl not in ("auto", "xla", "pallas"):
         raise ValueError(f"impl must be one of ('auto', 'xla', 'pallas') for a decode step, got {impl!r}")
     scale = d**-0.5 if scale is None else float(scale)
-    run = power_retention_step_pallas if _use_pallas(impl, q, k, deg, None) else chunk_step
+    run = pallas_decode.power_retention_step_pallas if _use_pallas(impl, q, k, deg, None) else chunk_step
     return run(state, q, k, v, log_g, deg=deg, scale=scale)
 
 
