@@ -51,24 +51,39 @@ def _state_group(n_chunks: int, state_bytes: int) -> int:
     return 1 << round(math.log2(math.sqrt(n_chunks)))
 
 
+def _write(k_BHcd, v_BHce, deg):
+    """One chunk's addition to the state: phi(k~)^T [v|1], [B, H, D, e] (phi built transposed: see sympow)."""
+    return jnp.einsum("bhDc,bhce->bhDe", sympow(jnp.swapaxes(k_BHcd, -1, -2), deg, axis=-2), v_BHce)
+
+
 def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
     """Scan over chunks: each reads phi(q~) S, then S <- decay S + phi(k~)^T [v|1]. Returns (S_aug, reads).
 
-    The body is rematerialised, so the backward keeps chunk-boundary states only; when those exceed
-    STATE_BUDGET_BYTES the chunks are scanned in groups and only group-boundary states are kept (zero chunks
-    with decay 1 pad N to a whole number of groups: they read 0 and leave the state as it is).
+    S0_aug None is an empty state: the first chunk reads nothing and its write is the state, so a sequence of one
+    chunk needs no scan (and no state at all when the caller drops it). The body is rematerialised, so the
+    backward keeps chunk-boundary states only; when those exceed STATE_BUDGET_BYTES the chunks are scanned in
+    groups and only group-boundary states are kept (zero chunks with decay 1 pad N to a whole number of groups:
+    they read 0 and leave the state as it is).
     """
 
     @jax.checkpoint
     def body(S_aug, xs):
         q_BHmd, k_BHcd, v_BHce, decay_BH = xs
         read = jnp.einsum("bhmD,bhDe->bhme", sympow(q_BHmd, deg), S_aug)
-        phi_k_BHDc = sympow(jnp.swapaxes(k_BHcd, -1, -2), deg, axis=-2)
-        S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhDc,bhce->bhDe", phi_k_BHDc, v_BHce)
-        return S_aug, read
+        return decay_BH[..., None, None] * S_aug + _write(k_BHcd, v_BHce, deg), read
 
     xs = (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH)
-    N = q_NBHmd.shape[0]
+    if S0_aug is None:
+        _, B, H, m, _ = q_NBHmd.shape
+        first_read = jnp.zeros((1, B, H, m, v_NBHce.shape[-1]), v_NBHce.dtype)
+        S_aug, reads = _scan_chunks(body, _write(k_NBHcd[0], v_NBHce[0], deg), tuple(x[1:] for x in xs))
+        return S_aug, jnp.concatenate([first_read, reads])
+    return _scan_chunks(body, S0_aug, xs)
+
+
+def _scan_chunks(body, S0_aug, xs):
+    """lax.scan of `body` over the chunks in xs, regrouped past the state budget (see `_inter_chunk`)."""
+    N = xs[0].shape[0]
     group = _state_group(N, S0_aug.size * S0_aug.dtype.itemsize)
     if group == 1:
         return jax.lax.scan(body, S0_aug, xs)
@@ -85,13 +100,14 @@ def power_retention_chunked(
     k: Float[Array, "B T H d"],
     v: Float[Array, "B T H d"],
     log_g: Float[Array, "B T H"] | None,
-    initial_state: RetentionState,
+    initial_state: RetentionState | None,
     *,
     deg: int,
     scale: float,
     chunk_size: int,
 ) -> tuple[Float[Array, "B T Hq d"], RetentionState]:
-    """Power retention over T tokens from `initial_state` in chunks of `chunk_size`; returns (y, final state).
+    """Power retention over T tokens from `initial_state` (None: empty) in chunks of `chunk_size`; returns
+    (y, final state).
 
     Inputs are assumed validated (see `power_retention`); computes in float32 and returns y in v's dtype.
     """
@@ -120,7 +136,7 @@ def power_retention_chunked(
     q_decayed = q_BNHgcd * jnp.exp(Gc_BNHc / deg)[:, :, :, None, :, None]
     k_decayed = k_BNHcd * jnp.exp((G_end_BNH[..., None] - Gc_BNHc) / deg)[..., None]
     S_aug, reads = _inter_chunk(
-        augment(initial_state),
+        None if initial_state is None else augment(initial_state),
         rearrange(q_decayed, "B N H g c d -> N B H (g c) d"),
         rearrange(k_decayed, "B N H c d -> N B H c d"),
         rearrange(v_BNHce, "B N H c e -> N B H c e"),

@@ -94,11 +94,13 @@ def power_retention(
             raise ValueError("impl='reference' takes no initial_state and returns no state; use impl='xla'")
         return power_retention_reference(q, k, v, log_g, deg=deg, scale=scale)
 
-    state = init_state(B, H, d, deg) if initial_state is None else initial_state
     chunk_size = chunk_size or default_chunk_size(T)
-    use_pallas = _use_pallas(impl, q, k, deg, chunk_size)
-    run = pallas_forward.power_retention_pallas if use_pallas else power_retention_chunked
-    y, state = run(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size)
+    if _use_pallas(impl, q, k, deg, chunk_size):
+        state = init_state(B, H, d, deg) if initial_state is None else initial_state
+        y, state = pallas_forward.power_retention_pallas(q, k, v, log_g, state, deg=deg, scale=scale,
+                                                         chunk_size=chunk_size)
+    else:  # None: an empty state, which the chunked path need not read
+        y, state = power_retention_chunked(q, k, v, log_g, initial_state, deg=deg, scale=scale, chunk_size=chunk_size)
     return (y, state) if return_state else y
 
 
