@@ -1,5 +1,5 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
-#            softmax, power and hybrid on MQAR (CPU, about 5 minutes), then its table and the TensorBoard command.
+#            softmax, power and hybrid on MQAR (CPU, about 2 minutes), then its table and the TensorBoard command.
 # make test: the same set-up, then the test suite.
 PYTHON ?= $(shell tools/find-python.sh)
 VENV := .venv
