@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.ops.validation import check_deg
 from retention.nn.layers import apply_rope, check_heads, check_positive_int, check_rope_base
 from retention.ops import (
     KVCache,
@@ -66,8 +67,7 @@ class PowerRetention(nnx.Module):
         check_positive_int("d_model", d_model)
         check_heads(heads, kv_heads, head_dim)
         check_rope_base(rope_base, head_dim)
-        if isinstance(deg, bool) or not isinstance(deg, int) or deg < 2 or deg % 2:
-            raise ValueError(f"deg must be an even int >= 2 (2, 4, ...), got {deg!r}")
+        check_deg(deg)
         if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES):
             raise ValueError(f"chunk_size must be None or one of {CHUNK_SIZES}, got {chunk_size!r}")
         _check_impl(impl, RETENTION_IMPLS)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.ops.validation import check_deg
 from retention.nn.layers import SwiGLU, check_heads, check_positive_int, check_rope_base
 from retention.nn.mixers import RETENTION_IMPLS, Attention, PowerRetention
 from retention.ops.power_retention import CHUNK_SIZES, default_chunk_size
@@ -53,8 +54,7 @@ class LMConfig:
         check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
         if not isinstance(self.pattern, str) or not self.pattern or set(self.pattern) - set(MIXERS):
             raise ValueError(f"pattern must be a non-empty string over the letters {MIXERS}, got {self.pattern!r}")
-        if isinstance(self.deg, bool) or not isinstance(self.deg, int) or self.deg < 2 or self.deg % 2:
-            raise ValueError(f"deg must be an even int >= 2 (2, 4, ...), got {self.deg!r}")
+        check_deg(self.deg)
         if isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float)) or self.mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio must be a positive number, got {self.mlp_ratio!r}")
         check_rope_base(self.rope_base, self.head_dim)
