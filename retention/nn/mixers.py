@@ -4,6 +4,8 @@ Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, cache=None) 
 - cache=None: one full-sequence forward, returns (y, None);
 - with a cache: the T tokens continue the sequence held in the cache (a decode step of T >= 1 tokens);
 - `prefill(x, *, positions, cache)`: a whole prompt into an empty cache, through the full-sequence path.
+Under a mesh whose "sequence" axis splits the tokens (`jax.set_mesh`, as the trainer does), the full forward
+runs the context-parallel ops (`retention/ops/context_parallel.py`); the results are the same.
 A retention cache is a RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any length); an
 attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window).
 """
@@ -25,6 +27,11 @@ from retention.ops import (
     power_retention_step,
     softmax_attention,
     softmax_attention_step,
+)
+from retention.ops.context_parallel import (
+    power_retention_context_parallel,
+    sequence_parallel_size,
+    softmax_attention_context_parallel,
 )
 from retention.ops.power_retention import CHUNK_SIZES, DEFAULT_CHUNK_SIZE
 
@@ -114,7 +121,10 @@ class PowerRetention(nnx.Module):
         to the chunk size, the chunked op from the state beyond. Returns (y [B, T, D], the new state or None)."""
         B, T, _ = x_BTD.shape
         q, k, v, log_g = self._project(x_BTD, positions)
-        if cache is None:
+        if cache is None and sequence_parallel_size() > 1:  # under a mesh that splits the sequence
+            y = power_retention_context_parallel(q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size,
+                                                 impl="xla" if self.impl == "reference" else self.impl)  # fmt: skip
+        elif cache is None:
             y = power_retention(q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
         elif T <= (self.chunk_size or DEFAULT_CHUNK_SIZE):
             y, cache = power_retention_step(cache, q, k, v, log_g, deg=self.deg)
@@ -190,6 +200,8 @@ class Attention(nnx.Module):
         """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds.
         Returns (y [B, T, D], the updated cache or None)."""
         q, k, v = self._project(x_BTD, positions)
+        if cache is None and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
+            return self._out(softmax_attention_context_parallel(q, k, v, window=self.window)), None
         if cache is None:
             return self._out(softmax_attention(q, k, v, window=self.window, impl=self.impl)), None
         y, cache = softmax_attention_step(cache, q, k, v, window=self.window)

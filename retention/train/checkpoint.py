@@ -2,7 +2,8 @@
 
 A checkpoint is written to a temporary folder and renamed when complete, so a run killed mid-save leaves no
 listed step (the temporary folder is removed on the next start). A listed checkpoint that cannot be read, or
-holds a non-finite number, is skipped with a warning and the one before it is tried.
+holds a non-finite number, is skipped with a warning and the one before it is tried. A checkpoint written under
+one device mesh restores under another (`restore_latest` with the new mesh's shardings).
 """
 
 import logging
@@ -41,8 +42,15 @@ class Checkpoints:
             raise FloatingPointError(f"refusing to checkpoint step {step}: the state holds NaN or inf")
         return self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
-    def restore_latest(self, abstract_state):
-        """(step, state) of the newest readable, finite checkpoint shaped like `abstract_state`, or None."""
+    def restore_latest(self, abstract_state, shardings=None):
+        """(step, state) of the newest readable, finite checkpoint shaped like `abstract_state`, or None.
+
+        With `shardings` (a tree of jax.sharding.Sharding like the state's) each array is restored straight into
+        its sharding, whatever mesh the checkpoint was written under (Orbax reads each device's slices).
+        """
+        if shardings is not None:
+            abstract_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                          abstract_state, shardings)  # fmt: skip
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))

@@ -88,11 +88,26 @@ class TrainerConfig:
 
 
 @dataclass
+class MeshConfig:
+    """The device mesh (retention/parallel): data x fsdp x sequence must equal the device count of all processes
+    (-1 in one axis: the devices the others leave); and, for a multi-host job not started by a scheduler that
+    jax.distributed detects (a multi-task Slurm step, mpirun), the coordinator "host:port", process count and rank."""
+
+    data: int = -1
+    fsdp: int = 1
+    sequence: int = 1
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
     seed: int = 0
 
 

@@ -5,9 +5,14 @@ and write `summary.json` in the run folder.
 Batch i of the training stream is a function of (seed, i), so a run resumed at step s sees exactly the batches
 an uninterrupted run would. SIGTERM or SIGINT saves a checkpoint after the current step and exits with
 128 + the signal number; a non-finite loss stops the run (NonFiniteLoss) without writing a checkpoint.
+
+The same loop runs on one device or many (retention/parallel): it joins a multi-host job when there is one,
+builds the `mesh` config's (data, fsdp, sequence) mesh over all devices, makes the state FSDP-sharded and feeds
+batches split over it; checkpoints restore onto the current mesh whichever wrote them.
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -23,11 +28,19 @@ from tqdm import tqdm
 
 from retention.data import prefetch
 from retention.nn import LM, LMConfig, cache_bytes
+from retention.parallel import (
+    batch_sharding,
+    check_batch,
+    initialize_distributed,
+    make_mesh,
+    put_batch,
+    state_shardings,
+)
 from retention.train.checkpoint import Checkpoints
 from retention.train.config import Config, build
 from retention.train.metrics import MetricsWriter, throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_eval_step, make_train_step, masked_sums, ratios
+from retention.train.step import TraceCount, make_eval_step, make_init, make_train_step, masked_sums, ratios
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +81,15 @@ def eval_sets(cfg: Config, dataset, seq_len: int) -> dict:
     return sets
 
 
-def evaluate(eval_step, params, cfg: Config, dataset, seq_len: int) -> dict[str, float]:
-    """loss, accuracy, exact_match over trainer.eval_batches eval batches at seq_len (keys prefixed per set)."""
+def evaluate(eval_step, params, cfg: Config, dataset, seq_len: int, put=jnp.asarray) -> dict[str, float]:
+    """loss, accuracy, exact_match over trainer.eval_batches eval batches at seq_len (keys prefixed per set);
+    `put` places a host batch on the devices."""
     out = {}
     for name, make_batch in eval_sets(cfg, dataset, seq_len).items():
         total = None
         for i in range(cfg.trainer.eval_batches):
             b = make_batch(i)
-            sums = eval_step(params, jnp.asarray(b.inputs), jnp.asarray(b.targets))
+            sums = eval_step(params, put(b.inputs), put(b.targets))
             total = sums if total is None else jax.tree.map(jnp.add, total, sums)
         out.update({name + k: v for k, v in ratios(total).items()})
     return out
@@ -83,37 +97,48 @@ def evaluate(eval_step, params, cfg: Config, dataset, seq_len: int) -> dict[str,
 
 def hparams_of(cfg: Config, lm: LMConfig, n_params: int) -> dict:
     """The flat hyperparameters shown in TensorBoard's HParams tab."""
-    flat = {f"{group}.{k}": v for group in ("model", "data", "optim", "trainer")
+    flat = {f"{group}.{k}": v for group in ("model", "data", "optim", "trainer", "mesh")
             for k, v in dataclasses.asdict(getattr(cfg, group)).items()}  # fmt: skip
     return {**flat, "model.d_model": lm.d_model, "seed": cfg.seed, "params": n_params}
 
 
 def train(cfg: Config, run_dir: str) -> dict:
     """Train per `cfg` with everything written under `run_dir`; returns (and writes) the run's summary."""
+    initialize_distributed(cfg.mesh.coordinator_address, cfg.mesh.num_processes, cfg.mesh.process_id)
     lm, dataset = build(cfg)
     T, B = cfg.data.seq_len, cfg.data.batch_size
-    model = LM(lm, rngs=nnx.Rngs(cfg.seed))
-    n_params = model.param_count()
+    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence)
+    check_batch(B, T, mesh)
+    abstract_model = nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed)))  # shapes only
+    n_params = abstract_model.param_count()
     eval_lengths = [s * T for s in cfg.trainer.eval_scales]
-    caches = {L: model_cache_bytes(model, L) for L in (*eval_lengths, cfg.trainer.cache_len)}
-    graphdef, params = nnx.split(model)
-    del model  # its arrays are the state's, donated by the first step
+    caches = {L: model_cache_bytes(abstract_model, L) for L in (*eval_lengths, cfg.trainer.cache_len)}
+    graphdef = nnx.graphdef(abstract_model)
     tx, schedule = make_optimizer(cfg.optim, cfg.trainer.steps)
-    state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+    init_state = make_init(lm, tx, cfg.seed)
+    abstract_state = jax.eval_shape(init_state)
+    shardings = state_shardings(abstract_state, mesh)  # FSDP: each leaf over "fsdp" on its largest axis
+    put = functools.partial(put_batch, sharding=batch_sharding(mesh))
 
     ckpt = Checkpoints(os.path.join(run_dir, "checkpoints"), every=cfg.trainer.ckpt_every, keep=cfg.trainer.keep)
-    restored = ckpt.restore_latest(jax.eval_shape(lambda: state))
-    start = 0
+    restored = ckpt.restore_latest(abstract_state, shardings)  # onto this mesh, whichever mesh wrote it
     if restored is not None:
         start, state = restored
         log.info("resumed from the checkpoint at step %d in %s", start, ckpt.directory)
-    writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start)
+    else:
+        start, state = 0, jax.jit(init_state, out_shardings=shardings)()  # made in place, shard by shard
+    primary = jax.process_index() == 0  # one process writes the events and the summary
+    writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start, enabled=primary)
     writer.scalars(start, {"params": n_params, **{f"cache_bytes/{L}": b for L, b in caches.items()}}, "model")
-    log.info("%s: pattern %s x %d layers, d_model %d, %d params; %s T=%d B=%d; steps %d..%d", cfg.model.name,
-             lm.pattern, lm.n_layers, lm.d_model, n_params, cfg.data.task, T, B, start, cfg.trainer.steps)  # fmt: skip
+    log.info("%s: pattern %s x %d layers, d_model %d, %d params; %s T=%d B=%d; steps %d..%d; mesh %s",
+             cfg.model.name, lm.pattern, lm.n_layers, lm.d_model, n_params, cfg.data.task, T, B, start,
+             cfg.trainer.steps, dict(mesh.shape))  # fmt: skip
 
     traces = TraceCount()
-    train_step, eval_step = make_train_step(graphdef, tx, traces), make_eval_step(graphdef)
+    train_step = make_train_step(graphdef, tx, traces, mesh=mesh, state_shardings=shardings,
+                                 batch_sharding=batch_sharding(mesh))  # fmt: skip
+    eval_step = make_eval_step(graphdef, mesh=mesh)
     flops_tok = training_flops_per_token(lm, T)
     step_times, window, losses = [], [], {}
     batches = prefetch(dataset.batch, start, cfg.trainer.steps, size=cfg.data.prefetch)
@@ -123,7 +148,7 @@ def train(cfg: Config, run_dir: str) -> dict:
         with StopSignals() as stop:
             for step, batch in enumerate(batches, start=start):
                 t0 = time.perf_counter()
-                state, metrics = train_step(state, jnp.asarray(batch.inputs), jnp.asarray(batch.targets))
+                state, metrics = train_step(state, put(batch.inputs), put(batch.targets))
                 metrics = {k: float(v) for k, v in metrics.items()}
                 seconds = time.perf_counter() - t0
                 done = step + 1
@@ -151,7 +176,8 @@ def train(cfg: Config, run_dir: str) -> dict:
                     window = []
                 if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0 and done < cfg.trainer.steps:
                     for L in eval_lengths:
-                        writer.scalars(done, evaluate(eval_step, state["params"], cfg, dataset, L), f"eval_{L}")
+                        writer.scalars(done, evaluate(eval_step, state["params"], cfg, dataset, L, put),
+                                       f"eval_{L}")  # fmt: skip
                 if stop.signum is not None:
                     ckpt.save(done, state, force=True)
                     log.warning("signal %d: saved the checkpoint at step %d in %s; exiting", stop.signum, done,
@@ -166,7 +192,7 @@ def train(cfg: Config, run_dir: str) -> dict:
         log.error("the train step was traced %d times: a retrace (changing shapes, dtypes or static args)",
                   traces.count)  # fmt: skip
 
-    evals = {L: evaluate(eval_step, state["params"], cfg, dataset, L) for L in eval_lengths}
+    evals = {L: evaluate(eval_step, state["params"], cfg, dataset, L, put) for L in eval_lengths}
     for L, values in evals.items():
         writer.scalars(cfg.trainer.steps, values, f"eval_{L}")
     tokens_per_s = B * T / statistics.median(step_times) if step_times else float("nan")
@@ -180,7 +206,8 @@ def train(cfg: Config, run_dir: str) -> dict:
     writer.hparams(hparams_of(cfg, lm, n_params),
                    {f"eval_{L}/{k}": v for L, values in evals.items() for k, v in values.items()})  # fmt: skip
     writer.close()
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    if primary:
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
     log.info("summary: %s", json.dumps(summary))
     return summary

@@ -22,20 +22,28 @@ def throughput(tokens: int, seconds: float, flops_per_tok: float, peak_flops: fl
 class MetricsWriter:
     """Scalars and the hparams summary under `logdir`; `purge_step` drops events a killed run wrote past it."""
 
-    def __init__(self, logdir: str, *, purge_step: int | None = None):
-        os.makedirs(logdir, exist_ok=True)
-        self.writer = SummaryWriter(logdir, purge_step=purge_step)
+    def __init__(self, logdir: str, *, purge_step: int | None = None, enabled: bool = True):
+        """enabled=False (a multi-host job's other processes): every call does nothing."""
+        self.enabled = enabled
+        if enabled:
+            os.makedirs(logdir, exist_ok=True)
+            self.writer = SummaryWriter(logdir, purge_step=purge_step)
 
     def scalars(self, step: int, values: dict[str, float], prefix: str = "") -> None:
         """One scalar per entry, tagged `prefix/name`."""
+        if not self.enabled:
+            return
         for name, value in values.items():
             self.writer.add_scalar(f"{prefix}/{name}" if prefix else name, float(value), step)
 
     def hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
         """The run's hyperparameters and final metrics, for TensorBoard's HParams tab (a sweep's runs side by side)."""
+        if not self.enabled:
+            return
         clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
         self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, name="hparams")
 
     def close(self) -> None:
         """Flush and close the event files."""
-        self.writer.close()
+        if self.enabled:
+            self.writer.close()

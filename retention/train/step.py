@@ -2,15 +2,20 @@
 
 The train step takes and returns the whole train state {params, opt_state, step} and donates it, so the update
 runs in place; it is compiled once per run (a `TraceCount` counts the traces: a second one is a retrace).
+Given a mesh, both steps run under it with the state FSDP-sharded and the batch split (retention/parallel).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Float, Int
 
 from retention.data import IGNORE
+from retention.nn import LM, LMConfig
 
 
 class TraceCount:
@@ -49,8 +54,45 @@ def ratios(sums: dict) -> dict[str, float]:
             "exact_match": float(sums["exact"]) / rows}  # fmt: skip
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, traces: TraceCount):
-    """jit(state, inputs [B, T], targets [B, T]) -> (new state, {loss, accuracy, grad_norm}); state donated."""
+def make_init(lm: LMConfig, tx: optax.GradientTransformation, seed: int):
+    """A function of no arguments making the train state {params, opt_state, step} of LM(lm) with nnx.Rngs(seed):
+    jit it with out_shardings to make a sharded state in place, or jax.eval_shape it for the shapes."""
+
+    def init():
+        params = nnx.state(LM(lm, rngs=nnx.Rngs(seed)))
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+    return init
+
+
+def under_mesh(fn, mesh: Mesh | None):
+    """`fn` called, and so traced, under `jax.set_mesh(mesh)`: the model's mixers see the mesh (its "sequence"
+    axis switches them to the context-parallel ops) and sharding annotations resolve against it. None: `fn`."""
+    if mesh is None:
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args):
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    return call
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    traces: TraceCount,
+    *,
+    mesh: Mesh | None = None,
+    state_shardings=None,
+    batch_sharding: NamedSharding | None = None,
+):
+    """jit(state, inputs [B, T], targets [B, T]) -> (new state, {loss, accuracy, grad_norm}); state donated.
+
+    With a mesh (retention/parallel): the step runs under it, the state stays in `state_shardings` (in and out)
+    and the batch comes in `batch_sharding`; XLA inserts the collectives. The model code is the same.
+    """
 
     def train_step(state, inputs_BT, targets_BT):
         traces.count += 1
@@ -66,10 +108,15 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, tr
                    "grad_norm": optax.tree.norm(grads)}  # fmt: skip
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
-    return jax.jit(train_step, donate_argnums=0)
+    if mesh is None:
+        return jax.jit(train_step, donate_argnums=0)
+    shardings = (state_shardings, batch_sharding, batch_sharding)
+    return under_mesh(jax.jit(train_step, donate_argnums=0, in_shardings=shardings,
+                              out_shardings=(state_shardings, None)), mesh)  # fmt: skip
 
 
-def make_eval_step(graphdef: nnx.GraphDef):
-    """jit(params, inputs [B, T], targets [B, T]) -> masked_sums of the forward (compiled once per length)."""
-    return jax.jit(lambda params, inputs_BT, targets_BT: masked_sums(nnx.merge(graphdef, params)(inputs_BT),
-                                                                    targets_BT))  # fmt: skip
+def make_eval_step(graphdef: nnx.GraphDef, *, mesh: Mesh | None = None):
+    """jit(params, inputs [B, T], targets [B, T]) -> masked_sums of the forward (compiled once per length);
+    under `mesh` when given (the inputs' shardings are kept)."""
+    return under_mesh(jax.jit(lambda params, inputs_BT, targets_BT: masked_sums(
+        nnx.merge(graphdef, params)(inputs_BT), targets_BT)), mesh)  # fmt: skip

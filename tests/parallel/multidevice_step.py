@@ -1,0 +1,66 @@
+"""The sharded train step on 8 host devices (run by test_eight_devices.py): under a (data, fsdp, sequence) mesh,
+with the state FSDP-sharded, the batch split and the sequence split (context-parallel retention, gathered K/V for
+attention), a few steps give the losses and parameters of the single-device step to float32 rounding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from retention.nn import LM
+from retention.parallel import batch_sharding, make_mesh, put_batch, state_shardings
+from retention.train import build
+from retention.train.optimizer import make_optimizer
+from retention.train.step import TraceCount, make_init, make_train_step
+from tests.helpers import rel_err
+from tests.parallel.common import require_devices
+from tests.train.common import TINY, compose_config
+
+require_devices()
+
+STEPS = 3
+
+
+def _flat(tree) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 8)])
+def test_sharded_step_equals_single_device_step(shape):
+    seed = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)
+    cfg = compose_config([*TINY, "model.pattern=PAW", "model.n_layers=3", "model.window=5", "data.seq_len=32",
+                          "data.vocab_size=40", "data.batch_size=8", f"seed={seed}"])  # fmt: skip
+    lm, dataset = build(cfg)
+    tx, _ = make_optimizer(cfg.optim, cfg.trainer.steps)
+    init = make_init(lm, tx, cfg.seed)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed))))
+
+    mesh = make_mesh(*shape)
+    shardings = state_shardings(jax.eval_shape(init), mesh)
+    one_step = make_train_step(graphdef, tx, TraceCount())
+    traces = TraceCount()
+    sharded_step = make_train_step(graphdef, tx, traces, mesh=mesh, state_shardings=shardings,
+                                   batch_sharding=batch_sharding(mesh))  # fmt: skip
+    one, sharded = jax.jit(init)(), jax.jit(init, out_shardings=shardings)()
+    assert rel_err(_flat(sharded), _flat(one)) == 0  # the same initial state, only placed differently
+    if mesh.shape["fsdp"] > 1:
+        specs = [s.spec for s in jax.tree.leaves(shardings["params"])]
+        assert any("fsdp" in spec for spec in specs)
+
+    for i in range(STEPS):
+        batch = dataset.batch(i)
+        one, m_one = one_step(one, jnp.asarray(batch.inputs), jnp.asarray(batch.targets))
+        x, y = (put_batch(a, batch_sharding(mesh)) for a in (batch.inputs, batch.targets))
+        if i == 0:  # the context-parallel ops are in the program when the sequence is split
+            with jax.set_mesh(mesh):
+                text = sharded_step.__wrapped__.lower(sharded, x, y).as_text()
+            assert ("collective_permute" in text) == (mesh.shape["sequence"] > 1)
+        sharded, m_sharded = sharded_step(sharded, x, y)
+        for key in ("loss", "accuracy", "grad_norm"):
+            assert abs(float(m_sharded[key]) - float(m_one[key])) <= 1e-5 * max(1.0, abs(float(m_one[key]))), key
+    assert traces.count == 1
+    for got, want in zip(jax.tree.leaves(sharded), jax.tree.leaves(shardings)):
+        assert got.sharding == want  # the state stays where the FSDP rule puts it
+    assert rel_err(_flat(sharded["params"]), _flat(one["params"])) < 1e-5
+    assert int(sharded["step"]) == STEPS
