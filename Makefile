@@ -1,12 +1,15 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
 #            softmax, power and hybrid on MQAR (CPU, about 2 minutes), then its table and the TensorBoard command.
 # make test: the same set-up, then the test suite.
+# make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (experiments/compare/run.py).
 PYTHON ?= $(shell tools/find-python.sh)
 VENV := .venv
 STAMP := $(VENV)/.installed
 SWEEP := multirun/demo-$(shell date +%Y-%m-%d_%H-%M-%S)
 
-.PHONY: demo test clean
+PRESET ?= cpu
+
+.PHONY: demo test compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install one or pass PYTHON=/path/to/python3.12" >&2; exit 1; }
@@ -21,6 +24,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+compare: $(STAMP)
+	$(VENV)/bin/python experiments/compare/run.py --preset $(PRESET)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
