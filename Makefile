@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/python experiments/summarize_sweep.py $(SWEEP)
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2  # two workers: the tests are mostly single-threaded compilation
 
 compare: $(STAMP)
 	$(VENV)/bin/python experiments/compare/run.py --preset $(PRESET)
