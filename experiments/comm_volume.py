@@ -114,8 +114,12 @@ def main():
                         "the first context (n fake CPU devices; lowers both ops, seconds)")  # fmt: skip
     parser.add_argument("--out", default="results/comm_volume.json")
     args = parser.parse_args()
-    if args.n < 1 or args.deg < 2 or args.deg % 2 or any(T % args.n for T in args.contexts):
-        raise SystemExit("--n >= 1, --deg even >= 2, and every context a multiple of --n")
+    if args.n < 1:
+        parser.error(f"--n must be >= 1 (devices on the sequence axis), got {args.n}")
+    if args.deg < 2 or args.deg % 2:
+        parser.error(f"--deg must be an even int >= 2, got {args.deg}")
+    if bad := [T for T in args.contexts if T % args.n]:
+        parser.error(f"--contexts must be multiples of --n={args.n}, got {bad}")
 
     n, B, H, d, deg = args.n, args.B, args.H, args.d, args.deg
     kv_bytes = DTYPE_BYTES[args.kv_dtype]
