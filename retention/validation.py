@@ -13,13 +13,18 @@ def check_int(name: str, value, *, low: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
-def check_number(name: str, value, *, low: float = -math.inf, high: float = math.inf, open_low: bool = False) -> None:
-    """`value` must be a finite real number in [low, high] ((low, high] with open_low; bools are not numbers)."""
+def check_number(
+    name: str, value, *, low: float = -math.inf, high: float = math.inf, open_low: bool = False, open_high: bool = False
+) -> None:
+    """`value` must be a finite real number in [low, high]; open_low / open_high exclude that end (bools are not
+    numbers)."""
     ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
     if ok:
-        ok = math.isfinite(value) and (value > low if open_low else value >= low) and value <= high
+        ok = math.isfinite(value) and (value > low if open_low else value >= low)
+        ok = ok and (value < high if open_high else value <= high)
     if not ok:
-        interval = f"{'(' if open_low else '['}{low}, {high}]"
+        opens = open_low or math.isinf(low), open_high or math.isinf(high)  # an infinite end is never allowed
+        interval = f"{'(' if opens[0] else '['}{low}, {high}{')' if opens[1] else ']'}"
         raise ValueError(f"{name} must be a finite number in {interval}, got {value!r}")
 
 
