@@ -1,9 +1,10 @@
 """The language model: token embedding, pre-norm blocks (RMSNorm, mixer, RMSNorm, SwiGLU MLP), final norm, head.
 
 `config.pattern` is a string over P (power retention), A (full attention) and W (sliding-window attention);
-layer i gets pattern[i % len(pattern)]. `LM.prefill` runs a prompt through the full-sequence paths and leaves
-per-layer caches; `LM.decode_step` continues from them, compiled once per shape (positions come from the
-cache's length, a traced scalar), so prefill-then-decode gives the logits of one full forward.
+layer i gets pattern[i % len(pattern)], with n_layers >= len(pattern) so that every letter gets a layer.
+`LM.prefill` runs a prompt through the full-sequence paths and leaves per-layer caches; `LM.decode_step`
+continues from them, compiled once per shape (positions come from the cache's length, a traced scalar), so
+prefill-then-decode gives the logits of one full forward.
 """
 
 import dataclasses
@@ -15,14 +16,29 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.ops.validation import check_deg
-from retention.nn.layers import SwiGLU, check_heads, check_positive_int, check_rope_base
-from retention.nn.mixers import RETENTION_IMPLS, Attention, PowerRetention
+from retention.nn.layers import SwiGLU, check_heads, check_rope_base
+from retention.nn.mixers import Attention, PowerRetention
+from retention.ops.attention import IMPLS as ATTENTION_IMPLS
 from retention.ops.power_retention import CHUNK_SIZES, default_chunk_size
+from retention.ops.power_retention import IMPLS as RETENTION_IMPLS
 from retention.ops.sympow import sympow_dim
+from retention.ops.validation import check_deg
+from retention.validation import check_choice, check_int, check_number
 
 MIXERS = {"P": "power retention", "A": "full attention", "W": "sliding-window attention"}
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_pattern(pattern, n_layers: int) -> None:
+    """pattern is a non-empty string over MIXERS' letters, no longer than n_layers: the pattern repeats over the
+    layers, and one cut short would silently drop letters (PPPA at 2 layers is PP, with no attention)."""
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(MIXERS):
+        raise ValueError(f"pattern must be a non-empty string over the letters {MIXERS}, got {pattern!r}")
+    if n_layers < len(pattern):
+        raise ValueError(
+            f"pattern={pattern!r} needs n_layers >= {len(pattern)} (at least one layer per letter; it repeats over "
+            f"the layers), got n_layers={n_layers}, which would build only {pattern[:n_layers]!r}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,29 +62,26 @@ class LMConfig:
     gating: bool = True
     qk_norm: bool = False
     chunk_size: int | None = None
-    impl: str = "auto"
+    retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
+    attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "window"):
-            check_positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
-        if not isinstance(self.pattern, str) or not self.pattern or set(self.pattern) - set(MIXERS):
-            raise ValueError(f"pattern must be a non-empty string over the letters {MIXERS}, got {self.pattern!r}")
+        check_pattern(self.pattern, self.n_layers)
         check_deg(self.deg)
-        if isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, (int, float)) or self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio must be a positive number, got {self.mlp_ratio!r}")
+        check_number("mlp_ratio", self.mlp_ratio, low=0, open_low=True)
         check_rope_base(self.rope_base, self.head_dim)
         for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in FLOAT_DTYPES:
-                raise ValueError(f"{name} must be one of {FLOAT_DTYPES}, got {getattr(self, name)!r}")
-        if self.chunk_size is not None and (isinstance(self.chunk_size, bool) or self.chunk_size not in CHUNK_SIZES):
-            raise ValueError(f"chunk_size must be None or one of {CHUNK_SIZES}, got {self.chunk_size!r}")
-        if self.impl not in RETENTION_IMPLS:
-            raise ValueError(f"impl must be one of {RETENTION_IMPLS}, got {self.impl!r}")
+            check_choice(name, getattr(self, name), FLOAT_DTYPES)
+        check_choice("chunk_size", self.chunk_size, (None, *CHUNK_SIZES))
+        check_choice("retention_impl", self.retention_impl, RETENTION_IMPLS)
+        check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
 
     @property
     def layer_kinds(self) -> str:
-        """The mixer letter of each layer: the pattern repeated over n_layers."""
+        """The mixer letter of each layer: the pattern repeated over n_layers (every letter appears)."""
         return "".join(self.pattern[i % len(self.pattern)] for i in range(self.n_layers))
 
     @property
@@ -119,8 +132,8 @@ def flops_per_token(config: LMConfig, T: int) -> float:
 def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
     """`base` with d_model (a multiple of `multiple`; heads, head dim and layers kept) chosen so the parameter
     count is as close as possible to `target_params`: sizes softmax, retention and hybrid models alike."""
-    check_positive_int("target_params", target_params)
-    check_positive_int("multiple", multiple)
+    check_int("target_params", target_params)
+    check_int("multiple", multiple)
     with_width = lambda width: dataclasses.replace(base, d_model=width)
     lo, hi = 1, 2
     while count_params(with_width(hi * multiple)) < target_params:  # the count grows with d_model
@@ -146,17 +159,18 @@ class Block(nnx.Module):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         common = dict(
             heads=config.n_heads, kv_heads=config.n_kv_heads, head_dim=config.head_dim, rope_base=config.rope_base,
-            impl=config.impl, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+            dtype=dtype, param_dtype=param_dtype, rngs=rngs,
         )  # fmt: skip
         norm = lambda: nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.mixer_norm = norm()
         if kind == "P":
             self.mixer = PowerRetention(
                 config.d_model, deg=config.deg, gating=config.gating, qk_norm=config.qk_norm,
-                chunk_size=config.chunk_size, **common,
+                chunk_size=config.chunk_size, impl=config.retention_impl, **common,
             )  # fmt: skip
         else:
-            self.mixer = Attention(config.d_model, window=config.window if kind == "W" else None, **common)
+            window = config.window if kind == "W" else None
+            self.mixer = Attention(config.d_model, window=window, impl=config.attention_impl, **common)
         self.mlp_norm = norm()
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
@@ -220,7 +234,7 @@ class LM(nnx.Module):
         """Run a prompt and fill fresh caches for up to max_len tokens in all (compiled per shape).
         Returns (logits [B, T, V], caches) for `decode_step` with steps of up to step_tokens tokens."""
         _check_tokens(tokens_BT, self.config.vocab_size)
-        check_positive_int("max_len", max_len)
+        check_int("max_len", max_len)
         if max_len < tokens_BT.shape[1]:
             raise ValueError(f"max_len must be >= the prompt length {tokens_BT.shape[1]}, got {max_len}")
         graphdef, state = nnx.split(self)

@@ -101,7 +101,11 @@ def test_decode_compiles_once():
         ("head_dim", 0),
         ("chunk_size", 48),
         ("dtype", "int8"),
-        ("impl", "cuda"),
+        ("param_dtype", "float64"),
+        ("mlp_ratio", 0),
+        ("retention_impl", "cuda"),
+        ("retention_impl", "cudnn"),  # an attention path
+        ("attention_impl", "pallas"),  # a retention path
     ],
 )
 def test_config_validation(field, value):
@@ -109,6 +113,30 @@ def test_config_validation(field, value):
     with pytest.raises(ValueError, match=field) as info:
         LMConfig(**{**base, field: value})
     assert repr(value) in str(info.value) or str(value) in str(info.value)
+
+
+@pytest.mark.parametrize("pattern, n_layers", [("PPPA", 2), ("PPPA", 3), ("PWA", 2), ("AP", 1)])
+def test_pattern_longer_than_the_layers_is_refused(pattern, n_layers):
+    """A pattern cut to fewer layers than letters would drop a mixer silently: an error naming both fields."""
+    with pytest.raises(ValueError, match=rf"pattern={pattern!r} needs n_layers >= {len(pattern)}.*n_layers={n_layers}"):
+        dataclasses.replace(TINY, pattern=pattern, n_layers=n_layers)
+
+
+@pytest.mark.parametrize("pattern, n_layers, kinds", [("PPPA", 4, "PPPA"), ("PPPA", 6, "PPPAPP"), ("PA", 5, "PAPAP")])
+def test_layer_kinds_repeat_the_pattern(pattern, n_layers, kinds):
+    assert dataclasses.replace(TINY, pattern=pattern, n_layers=n_layers).layer_kinds == kinds
+
+
+def test_impls_reach_their_mixers():
+    """retention_impl goes to every P layer, attention_impl to every A and W layer; the op's own values are valid
+    config values (pallas for retention, cudnn for attention)."""
+    config = dataclasses.replace(TINY, pattern="PAWP", n_layers=4, retention_impl="reference", attention_impl="xla")
+    model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+    assert [block.mixer.impl for block in model.blocks] == ["reference", "xla", "xla", "reference"]
+    config = dataclasses.replace(config, retention_impl="xla", attention_impl="reference")
+    model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+    assert [block.mixer.impl for block in model.blocks] == ["xla", "reference", "reference", "xla"]
+    dataclasses.replace(config, retention_impl="pallas", attention_impl="cudnn")  # accepted by the config
 
 
 def test_param_count_and_size_config():
