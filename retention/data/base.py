@@ -1,4 +1,4 @@
-"""What every data generator shares: the batch type, the ignore label, argument checks and seeded streams.
+"""What every data generator shares: the batch type, the ignore label and seeded streams.
 
 A generator maps (split, index) to one batch, deterministically from its seed: batch `i` of the training stream
 is the same on every run, so a run resumed at step `i` sees the data an uninterrupted run would have seen.
@@ -7,6 +7,8 @@ is the same on every run, so a run resumed at step `i` sees the data an uninterr
 from typing import NamedTuple, Protocol
 
 import numpy as np
+
+from retention.validation import check_choice, check_int
 
 IGNORE = -100  # the target of a position that carries no loss
 SPLITS = {"train": 0, "eval": 1}
@@ -34,14 +36,6 @@ class Dataset(Protocol):
 
 def rng_for(seed: int, split: str, index: int, seq_len: int) -> np.random.Generator:
     """The generator of batch `index` of `split` at length `seq_len`: independent of every other batch."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {tuple(SPLITS)}, got {split!r}")
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-        raise ValueError(f"index must be an int >= 0, got {index!r}")
+    check_choice("split", split, SPLITS)
+    check_int("index", index, low=0)
     return np.random.default_rng([seed, SPLITS[split], int(index), seq_len])
-
-
-def check_int(name: str, value, *, low: int = 1) -> None:
-    """Raise ValueError naming `name` unless `value` is an int >= low (bools are not ints here)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

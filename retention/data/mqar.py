@@ -9,7 +9,8 @@ IGNORE, and every position that is not a pair or a query holds a random token.
 
 import numpy as np
 
-from retention.data.base import IGNORE, Batch, check_int, rng_for
+from retention.data.base import IGNORE, Batch, rng_for
+from retention.validation import check_int, check_number
 
 
 class MQAR:
@@ -27,8 +28,7 @@ class MQAR:
         if vocab_size // 2 - 1 < num_kv_pairs:
             raise ValueError(f"num_kv_pairs must be <= vocab_size // 2 - 1 = {vocab_size // 2 - 1} distinct keys, "
                              f"got {num_kv_pairs}")  # fmt: skip
-        if not 0 < power_a <= 1:
-            raise ValueError(f"power_a must be in (0, 1], got {power_a!r}")
+        check_number("power_a", power_a, low=0, high=1, open_low=True)
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
         self.num_kv_pairs, self.power_a, self.seed = num_kv_pairs, power_a, seed
         self.check_length("seq_len", seq_len)

@@ -9,7 +9,8 @@ positions; exact match asks for all five.
 
 import numpy as np
 
-from retention.data.base import IGNORE, Batch, check_int, rng_for
+from retention.data.base import IGNORE, Batch, rng_for
+from retention.validation import check_int, check_number
 
 DIGITS = 5
 MARK, QUERY, FIRST_FILLER = 10, 11, 12
@@ -17,12 +18,16 @@ NEEDLE = DIGITS + 2  # MARK d1..d5 MARK
 
 
 class Passkey:
-    """Passkey batches [batch_size, seq_len]; training rows draw a uniform depth, `depth=` fixes it."""
+    """Passkey batches [batch_size, seq_len]; training rows draw a uniform depth, `depth=` fixes it. `depths` are
+    the depths evaluated one by one (the trainer's eval sets)."""
 
-    def __init__(self, *, seq_len: int, batch_size: int, n_filler: int = 8, seed: int = 0):
+    def __init__(self, *, seq_len: int, batch_size: int, n_filler: int = 8, depths=(0.0, 0.5, 1.0), seed: int = 0):
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("n_filler", n_filler)):
             check_int(name, value)
+        for depth in depths:
+            check_number("depths[i]", depth, low=0, high=1)
         self.seq_len, self.batch_size, self.n_filler, self.seed = seq_len, batch_size, n_filler, seed
+        self.depths = tuple(depths)
         self.vocab_size = FIRST_FILLER + n_filler
         self.check_length("seq_len", seq_len)
 
@@ -39,8 +44,8 @@ class Passkey:
         of the filler) or, when None, at a uniform random depth per row."""
         L = self.seq_len if seq_len is None else seq_len
         self.check_length("seq_len", L)
-        if depth is not None and not 0 <= depth <= 1:
-            raise ValueError(f"depth must be None or in [0, 1], got {depth!r}")
+        if depth is not None:
+            check_number("depth", depth, low=0, high=1)
         rng = rng_for(self.seed, split, index, L)
         B = self.batch_size
         haystack = L - NEEDLE - DIGITS  # filler positions, plus the needle, plus QUERY d1..d4

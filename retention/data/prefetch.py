@@ -5,6 +5,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from retention.data.base import Batch
+from retention.validation import check_int
 
 _DONE = object()
 
@@ -12,8 +13,7 @@ _DONE = object()
 def prefetch(make_batch: Callable[[int], Batch], start: int, stop: int, *, size: int = 2) -> Iterator[Batch]:
     """Yield make_batch(i) for i in [start, stop), computed up to `size` batches ahead in a daemon thread.
     An exception in the thread is raised in the consumer; closing the generator stops the thread."""
-    if size < 1:
-        raise ValueError(f"size must be an int >= 1, got {size!r}")
+    check_int("size", size)
     batches: queue.Queue = queue.Queue(maxsize=size)
     stopped = threading.Event()
 

@@ -7,7 +7,8 @@ the i-th content token (in order of position), IGNORE elsewhere.
 
 import numpy as np
 
-from retention.data.base import IGNORE, Batch, check_int, rng_for
+from retention.data.base import IGNORE, Batch, rng_for
+from retention.validation import check_int
 
 NOISE, MARKER, FIRST_TOKEN = 0, 1, 2
 

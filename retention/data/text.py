@@ -11,7 +11,8 @@ import sysconfig
 
 import numpy as np
 
-from retention.data.base import Batch, check_int, rng_for
+from retention.data.base import Batch, rng_for
+from retention.validation import check_int, check_number
 
 SEP = 256
 VOCAB_SIZE = 257
@@ -64,8 +65,7 @@ class Text:
         self.path = default_path() if path is None else path
         if not os.path.isdir(self.path):
             raise ValueError(f"path must be a folder of text files, got {self.path!r} (not a folder)")
-        if not 0 < eval_fraction < 1:
-            raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
+        check_number("eval_fraction", eval_fraction, low=0, high=1, open_low=True, open_high=True)
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         stream = read_stream(self.path)
         cut = len(stream) - int(len(stream) * eval_fraction)

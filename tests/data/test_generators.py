@@ -133,6 +133,14 @@ def test_prefetch_matches_and_raises():
         (lambda: Passkey(seq_len=10, batch_size=2), "seq_len must be >= 14"),
         (lambda: SelectiveCopy(seq_len=10, batch_size=2, num_copy=6), "seq_len must be >= 2 \\* num_copy"),
         (lambda: Text(seq_len=8, batch_size=2, path="/nonexistent"), "path must be a folder"),
+        (lambda: Text(seq_len=8, batch_size=2, eval_fraction=1.0), r"eval_fraction .* \(0, 1\), got 1.0"),
+        (lambda: MQAR(vocab_size=100, seq_len=32, batch_size=2, num_kv_pairs=2, power_a=0), r"power_a .* \(0, 1\]"),
+        (lambda: Passkey(seq_len=32, batch_size=2, depths=[0.5, 1.5]), r"depths\[i\] .* \[0, 1\], got 1.5"),
+        (lambda: Passkey(seq_len=32, batch_size=2).batch(0, depth=-0.1), r"depth must .* \[0, 1\], got -0.1"),
+        (lambda: Passkey(seq_len=32, batch_size=True), "batch_size must be an int >= 1, got True"),
+        (lambda: SelectiveCopy(seq_len=32, batch_size=2).batch(-1), "index must be an int >= 0, got -1"),
+        (lambda: SelectiveCopy(seq_len=32, batch_size=2).batch(0, split="test"), "split must be one of"),
+        (lambda: list(prefetch(lambda i: i, 0, 2, size=0)), "size must be an int >= 1, got 0"),
     ],
 )
 def test_bad_arguments(make, match):
