@@ -2,58 +2,103 @@
 
 Hydra merges `configs/` over these schemas, so a misspelt key or a wrong type stops at start-up; `build` then
 checks values (lengths, vocab, divisibility) and raises ValueError naming the key, e.g. `data.seq_len`.
+
+- `model`: `ModelConfig`, made from `LMConfig`'s fields (a field added there is a `model.` key at once, with its
+  default) less `vocab_size`, which the data sets, plus `name` and `target_params`.
+- `data`: one schema per task (`MQARDataConfig`, `PasskeyDataConfig`, `CopyDataConfig`, `TextDataConfig`), each
+  with only its generator's arguments plus the shared `seq_len`, `batch_size` and `prefetch`; the task is the
+  chosen group (`data=passkey`), so a key of another task stops at composition.
+- `optim`, `trainer`, `mesh` (a config group too: `mesh=fsdp`, `mesh.sequence=2`), `seed`.
 """
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 from retention.data import TASKS, Dataset
 from retention.nn import LMConfig, size_config
+from retention.validation import check_choice, check_int, check_number
 
 
-@dataclass
-class ModelConfig:
-    """LMConfig's fields less the vocabulary (the data sets it); `target_params` sizes d_model (size_config)."""
+def _model_fields() -> list[tuple]:
+    """ModelConfig's fields: a name, LMConfig's fields with their defaults less vocab_size, target_params."""
+    lm_fields = [
+        (f.name, f.type, field(default=f.default, default_factory=f.default_factory))
+        for f in dataclasses.fields(LMConfig)
+        if f.name != "vocab_size"
+    ]
+    name = ("name", str, field(default=MISSING))  # every preset names itself (the run folder and summary use it)
+    return [name, *lm_fields, ("target_params", int | None, field(default=None))]
 
-    name: str = "hybrid"
-    pattern: str = "PPPA"
-    n_layers: int = 4
-    d_model: int = 128
-    target_params: int | None = None
-    n_heads: int = 4
-    n_kv_heads: int = 4
-    head_dim: int = 32
-    mlp_ratio: float = 8 / 3
-    deg: int = 2
-    window: int = 64
-    rope_base: float | None = 10000.0
-    tie_embeddings: bool = True
-    dtype: str = "float32"
-    gating: bool = True
-    qk_norm: bool = False
-    chunk_size: int | None = None
-    impl: str = "auto"
+
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig",
+    _model_fields(),
+    module=__name__,
+    namespace={
+        "__doc__": "The model group: LMConfig's fields and defaults less vocab_size (the data sets it), a name, "
+        "and target_params (when set, size_config picks d_model for that parameter count)."
+    },
+)
+
+# LMConfig's fields and target_params, as words in an error message: make_lm_config writes them as `model.` keys
+_MODEL_KEYS = re.compile(
+    r"\b(" + "|".join(f.name for f in dataclasses.fields(ModelConfig) if f.name != "name") + r")\b"
+)
 
 
 @dataclass
 class DataConfig:
-    """One task's generator arguments; the fields another task does not use are ignored by it."""
+    """What every task shares; the task's own schema adds its generator's arguments (retention/data)."""
 
-    task: str = "mqar"
+    task: ClassVar[str]  # the TASKS entry, fixed by the schema (data=<task> selects it)
     seq_len: int = 64
     batch_size: int = 32
-    vocab_size: int = 128  # mqar
-    num_kv_pairs: int = 4  # mqar
-    power_a: float = 0.01  # mqar
-    n_filler: int = 8  # passkey
-    depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])  # passkey: eval depths
-    num_copy: int = 8  # copy
-    n_tokens: int = 16  # copy
-    path: str | None = None  # text: a folder (None: the stdlib source)
-    eval_fraction: float = 0.05  # text
-    prefetch: int = 2
+    prefetch: int = 2  # batches made ahead by the background thread
+
+
+@dataclass
+class MQARDataConfig(DataConfig):
+    """MQAR (retention/data/mqar.py): vocab_size > seq_len, keys and values drawn from halves of the vocab."""
+
+    task: ClassVar[str] = "mqar"
+    vocab_size: int = 128
+    num_kv_pairs: int = 4
+    power_a: float = 0.01
+
+
+@dataclass
+class PasskeyDataConfig(DataConfig):
+    """Passkey retrieval (retention/data/passkey.py); evaluated at each of `depths` too."""
+
+    task: ClassVar[str] = "passkey"
+    n_filler: int = 8
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
+
+
+@dataclass
+class CopyDataConfig(DataConfig):
+    """Selective copying (retention/data/selective_copy.py)."""
+
+    task: ClassVar[str] = "copy"
+    num_copy: int = 8
+    n_tokens: int = 16
+
+
+@dataclass
+class TextDataConfig(DataConfig):
+    """Byte-level text (retention/data/text.py) over the files under `path` (None: the stdlib source)."""
+
+    task: ClassVar[str] = "text"
+    path: str | None = None
+    eval_fraction: float = 0.05
+
+
+DATA_SCHEMAS = {schema.task: schema for schema in (MQARDataConfig, PasskeyDataConfig, CopyDataConfig, TextDataConfig)}
 
 
 @dataclass
@@ -104,7 +149,7 @@ class MeshConfig:
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = MISSING  # one of DATA_SCHEMAS, from the data group
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
@@ -112,32 +157,18 @@ class Config:
 
 
 def register_configs() -> None:
-    """Store the schema as `base_config`, which configs/config.yaml extends."""
-    ConfigStore.instance().store(name="base_config", node=Config)
-
-
-def _positive(key: str, value, *, low=1, integer=True) -> None:
-    kind = "an int" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not value >= low:
-        raise ValueError(f"{key} must be {kind} >= {low}, got {value!r}")
-
-
-def _in_range(key: str, value, low: float, high: float) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{key} must be in [{low}, {high}], got {value!r}")
+    """Store the schema as `base_config`, which configs/config.yaml extends, and each data schema as
+    `data/<task>_schema`, which configs/data/<task>.yaml extends."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    for task, schema in DATA_SCHEMAS.items():
+        store.store(group="data", name=f"{task}_schema", node=schema)
 
 
 def make_dataset(data: DataConfig, seed: int) -> Dataset:
-    """The generator for `data.task`; a bad value raises ValueError naming its `data.` key."""
-    if data.task not in TASKS:
-        raise ValueError(f"data.task must be one of {tuple(TASKS)}, got {data.task!r}")
-    names = {
-        "mqar": ("vocab_size", "num_kv_pairs", "power_a"),
-        "passkey": ("n_filler",),
-        "copy": ("num_copy", "n_tokens"),
-        "text": ("path", "eval_fraction"),
-    }[data.task]
-    kwargs = {name: getattr(data, name) for name in ("seq_len", "batch_size", *names)}
+    """The generator of `data`'s task from its schema's fields; a bad value raises ValueError naming its key."""
+    kwargs = dataclasses.asdict(data)
+    check_int("data.prefetch", kwargs.pop("prefetch"))
     try:
         return TASKS[data.task](**kwargs, seed=seed)
     except ValueError as e:
@@ -145,51 +176,43 @@ def make_dataset(data: DataConfig, seed: int) -> Dataset:
 
 
 def make_lm_config(model: ModelConfig, vocab_size: int) -> LMConfig:
-    """The LMConfig of `model` over `vocab_size` ids, d_model chosen by size_config when target_params is set."""
-    fields = {f.name for f in dataclasses.fields(LMConfig)}
-    kwargs = {k: v for k, v in dataclasses.asdict(model).items() if k in fields}
+    """The LMConfig of `model` over `vocab_size` ids, d_model chosen by size_config when target_params is set.
+    A bad value raises ValueError with every field it names written as its key (`model.n_layers`)."""
+    kwargs = {f.name: getattr(model, f.name) for f in dataclasses.fields(LMConfig) if f.name != "vocab_size"}
     try:
         lm = LMConfig(**kwargs, vocab_size=vocab_size)
         if model.target_params is not None:
-            _positive("target_params", model.target_params)
             lm = size_config(lm, model.target_params)
     except ValueError as e:
-        raise ValueError(f"model.{e}") from None
+        raise ValueError(_MODEL_KEYS.sub(r"model.\1", str(e))) from None
     return lm
 
 
 def check_optim_trainer(optim: OptimConfig, trainer: TrainerConfig) -> None:
     """Value checks of the optim and trainer groups (ValueError naming the key)."""
-    if optim.name != "adamw":
-        raise ValueError(f"optim.name must be 'adamw', got {optim.name!r}")
+    check_choice("optim.name", optim.name, ("adamw",))
     for key in ("lr", "eps", "clip_norm"):
-        value = getattr(optim, key)
-        if not value > 0:
-            raise ValueError(f"optim.{key} must be > 0, got {value!r}")
-    _positive("optim.weight_decay", optim.weight_decay, low=0, integer=False)
-    _in_range("optim.b1", optim.b1, 0, 0.999999)
-    _in_range("optim.b2", optim.b2, 0, 0.999999)
-    _in_range("optim.min_lr_ratio", optim.min_lr_ratio, 0, 1)
+        check_number(f"optim.{key}", getattr(optim, key), low=0, open_low=True)
+    check_number("optim.weight_decay", optim.weight_decay, low=0)
+    for key in ("b1", "b2"):
+        check_number(f"optim.{key}", getattr(optim, key), low=0, high=1, open_high=True)
+    check_number("optim.min_lr_ratio", optim.min_lr_ratio, low=0, high=1)
     for key in ("steps", "log_every", "eval_batches", "ckpt_every", "keep", "cache_len"):
-        _positive(f"trainer.{key}", getattr(trainer, key))
-    _positive("trainer.eval_every", trainer.eval_every, low=0)
-    _positive("trainer.peak_flops", trainer.peak_flops, low=1, integer=False)
+        check_int(f"trainer.{key}", getattr(trainer, key))
+    check_int("trainer.eval_every", trainer.eval_every, low=0)
+    check_number("trainer.peak_flops", trainer.peak_flops, low=1)
     if not 0 <= optim.warmup_steps < trainer.steps:
         raise ValueError(f"optim.warmup_steps must be in [0, trainer.steps={trainer.steps}), got {optim.warmup_steps}")
     if not trainer.eval_scales:
         raise ValueError("trainer.eval_scales must list at least one multiple of data.seq_len, got []")
     for scale in trainer.eval_scales:
-        _positive("trainer.eval_scales[i]", scale)
+        check_int("trainer.eval_scales[i]", scale)
 
 
 def build(cfg: Config) -> tuple[LMConfig, Dataset]:
     """Check every value of `cfg`; returns the model's LMConfig and the data generator."""
     check_optim_trainer(cfg.optim, cfg.trainer)
-    _positive("data.prefetch", cfg.data.prefetch)
     dataset = make_dataset(cfg.data, cfg.seed)
     for scale in cfg.trainer.eval_scales:
         dataset.check_length(f"data.seq_len * trainer.eval_scales[i] (scale {scale})", scale * cfg.data.seq_len)
-    if cfg.data.task == "passkey":
-        for depth in cfg.data.depths:
-            _in_range("data.depths[i]", depth, 0, 1)
     return make_lm_config(cfg.model, dataset.vocab_size), dataset

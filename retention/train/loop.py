@@ -76,7 +76,7 @@ def eval_sets(cfg: Config, dataset, seq_len: int) -> dict:
     """name -> function of a batch index giving an eval batch at seq_len (passkey: also one set per depth)."""
     sets = {"": lambda i: dataset.batch(i, seq_len=seq_len, split="eval")}
     if cfg.data.task == "passkey":
-        for depth in cfg.data.depths:
+        for depth in dataset.depths:
             sets[f"depth{depth:g}/"] = lambda i, d=depth: dataset.batch(i, seq_len=seq_len, split="eval", depth=d)
     return sets
 
@@ -99,7 +99,7 @@ def hparams_of(cfg: Config, lm: LMConfig, n_params: int) -> dict:
     """The flat hyperparameters shown in TensorBoard's HParams tab."""
     flat = {f"{group}.{k}": v for group in ("model", "data", "optim", "trainer", "mesh")
             for k, v in dataclasses.asdict(getattr(cfg, group)).items()}  # fmt: skip
-    return {**flat, "model.d_model": lm.d_model, "seed": cfg.seed, "params": n_params}
+    return {**flat, "data.task": cfg.data.task, "model.d_model": lm.d_model, "seed": cfg.seed, "params": n_params}
 
 
 def train(cfg: Config, run_dir: str) -> dict:
