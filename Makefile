@@ -1,7 +1,8 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
 #            softmax, power and hybrid on MQAR (CPU, about 2 minutes), then its table and the TensorBoard command.
 # make test: the same set-up, then the test suite.
-# make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (experiments/compare/run.py).
+# make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).
+# make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (python -m experiments.compare.run).
 PYTHON ?= $(shell tools/find-python.sh)
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -9,7 +10,7 @@ SWEEP := multirun/demo-$(shell date +%Y-%m-%d_%H-%M-%S)
 
 PRESET ?= cpu
 
-.PHONY: demo test compare clean
+.PHONY: demo test lint compare clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install one or pass PYTHON=/path/to/python3.12" >&2; exit 1; }
@@ -20,13 +21,17 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/python train.py -m experiment=mqar_demo hydra.sweep.dir=$(SWEEP)
-	$(VENV)/bin/python experiments/summarize_sweep.py $(SWEEP)
+	$(VENV)/bin/python -m experiments.summarize_sweep $(SWEEP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -n 2  # two workers: the tests are mostly single-threaded compilation
 
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 compare: $(STAMP)
-	$(VENV)/bin/python experiments/compare/run.py --preset $(PRESET)
+	$(VENV)/bin/python -m experiments.compare.run --preset $(PRESET)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -3,25 +3,30 @@
 Everything is computed from shapes (jax.eval_shape / nnx.eval_shape): nothing is allocated, so 1M tokens take no
 memory and the script runs in seconds. Prints a table, writes JSON next to the PNG plot (--out).
 
-    python experiments/cache_memory.py [--out results/cache_memory.png]
+    python -m experiments.cache_memory [--out results/cache_memory.png]
 """
 
 import argparse
 import json
+from functools import partial
 from pathlib import Path
 
 import jax
-import matplotlib
+from flax import nnx
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from retention.nn import LM, LMConfig, cache_bytes  # noqa: E402
+from experiments.formatting import human_bytes
+from retention.nn import LM, LMConfig, cache_bytes
 
 PATTERNS = ("A", "W", "P", "PPPA")
 CONTEXTS = tuple(1024 * 2**i for i in range(11))  # 1k .. 1M tokens
 MIB = 2**20
+
+
+def sequence_cache_bytes(model: LM, length: int) -> int:
+    """Decode-cache bytes of one sequence at `length` tokens (shapes only: nothing is allocated; `model` may be
+    abstract, from nnx.eval_shape)."""
+    return cache_bytes(jax.eval_shape(partial(model.init_caches, 1, length)))
 
 
 def measure(config: LMConfig, contexts) -> dict:
@@ -29,9 +34,9 @@ def measure(config: LMConfig, contexts) -> dict:
     weights (solved exactly: cache bytes are affine in the context), or None if it never does."""
     model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
     weights = cache_bytes(nnx.state(model, nnx.Param))
-    sizes = [cache_bytes(jax.eval_shape(lambda: model.init_caches(1, ctx))) for ctx in contexts]
-    base = cache_bytes(jax.eval_shape(lambda: model.init_caches(1, 1)))
-    per_token = cache_bytes(jax.eval_shape(lambda: model.init_caches(1, 2))) - base
+    sizes = [sequence_cache_bytes(model, ctx) for ctx in contexts]
+    base = sequence_cache_bytes(model, 1)
+    per_token = sequence_cache_bytes(model, 2) - base
     if per_token == 0:
         crossover = None if base <= weights else 1
     else:
@@ -61,21 +66,28 @@ def main():
     results = {}
     for pattern in PATTERNS:
         config = LMConfig(
-            vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, pattern=pattern, n_heads=args.heads,
-            n_kv_heads=args.kv_heads, head_dim=args.head_dim, window=args.window, dtype=args.dtype,
+            vocab_size=args.vocab,
+            d_model=args.d_model,
+            n_layers=args.layers,
+            pattern=pattern,
+            n_heads=args.heads,
+            n_kv_heads=args.kv_heads,
+            head_dim=args.head_dim,
+            window=args.window,
+            dtype=args.dtype,
             param_dtype=args.dtype,
-        )  # fmt: skip
+        )
         results[pattern] = measure(config, CONTEXTS)
 
     print(
-        f"cache MiB per sequence; d_model {args.d_model}, {args.layers} layers, {args.heads} heads "
+        f"cache bytes per sequence; d_model {args.d_model}, {args.layers} layers, {args.heads} heads "
         f"({args.kv_heads} kv) of {args.head_dim}, window {args.window}, {args.dtype} weights and KV cache, "
         "float32 retention state"
     )
-    print(f"{'context':>9} " + " ".join(f"{p:>10}" for p in PATTERNS))
+    print(f"{'context':>9} " + " ".join(f"{p:>11}" for p in PATTERNS))
     for ctx in CONTEXTS:
-        print(f"{ctx:>9} " + " ".join(f"{results[p]['cache_bytes'][str(ctx)] / MIB:>10.1f}" for p in PATTERNS))
-    print(f"{'weights':>9} " + " ".join(f"{results[p]['weight_bytes'] / MIB:>10.1f}" for p in PATTERNS))
+        print(f"{ctx:>9} " + " ".join(f"{human_bytes(results[p]['cache_bytes'][str(ctx)]):>11}" for p in PATTERNS))
+    print(f"{'weights':>9} " + " ".join(f"{human_bytes(results[p]['weight_bytes']):>11}" for p in PATTERNS))
     for p in PATTERNS:
         r = results[p]
         when = "never" if r["crossover_context"] is None else f"from {r['crossover_context']:,} tokens on"
@@ -85,14 +97,20 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in vars(args).items() if k != "out"}
     out.with_suffix(".json").write_text(json.dumps({"config": meta, "results": results}, indent=2))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for p in PATTERNS:
         ax.plot(CONTEXTS, [results[p]["cache_bytes"][str(c)] / MIB for c in CONTEXTS], marker="o", label=f"{p} cache")
     weights = [results[p]["weight_bytes"] for p in PATTERNS]
     spread = (max(weights) - min(weights)) / min(weights)
     ax.axhline(weights[0] / MIB, color="k", ls="--", label=f"weights (all patterns within {spread:.1%})")
-    ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="MiB per sequence",
-           title="Decode cache vs context")  # fmt: skip
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="context (tokens)",
+        ylabel="MiB per sequence",
+        title="Decode cache vs context",
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)

@@ -14,7 +14,7 @@ all-gather a reduce-scatter), so a training step moves twice the forward's bytes
 are also read off the compiled program of the shard_map'd ops at the first length on n fake CPU devices (the
 sizes of the collective_permute and all_gather results in the lowered StableHLO), as a check of the formulas.
 
-    python experiments/comm_volume.py [--n 8] [--B 1] [--H 8] [--d 64] [--deg 2] [--kv-dtype bfloat16] [--hlo]
+    python -m experiments.comm_volume [--n 8] [--B 1] [--H 8] [--d 64] [--deg 2] [--kv-dtype bfloat16] [--hlo]
 
 Prints a table and writes results/comm_volume.json (--out).
 """
@@ -25,14 +25,19 @@ import math
 import os
 import re
 import sys
+from functools import partial
 from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from experiments.formatting import human_bytes, tokens
+from retention import sympow_dim
+from retention.ops.context_parallel import power_retention_context_parallel, softmax_attention_context_parallel
+from retention.parallel import make_mesh
 
 CONTEXTS = tuple(65536 * 2**i for i in range(5))  # 64k .. 1M tokens
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def sympow_dim(d: int, p: int) -> int:
-    return math.comb(d + p - 1, p)
 
 
 def scan_rounds(n: int) -> int:
@@ -62,12 +67,6 @@ def hlo_bytes(n: int, T: int, B: int, H: int, d: int, deg: int, kv_dtype: str) -
     devices: the result sizes of the collective_permutes (retention; each received once) and all_gathers
     (softmax; (n-1)/n of the result is received). The CPU backend then gathers bf16 as float32 (twice the
     bytes); GPU and TPU collectives carry bf16 as it is."""
-    import jax
-    import jax.numpy as jnp
-
-    from retention.ops.context_parallel import power_retention_context_parallel, softmax_attention_context_parallel
-    from retention.parallel import make_mesh
-
     if jax.device_count() != n:
         raise SystemExit(f"--hlo needs {n} devices, got {jax.device_count()}")
     mesh = make_mesh(1, 1, n)
@@ -83,22 +82,10 @@ def hlo_bytes(n: int, T: int, B: int, H: int, d: int, deg: int, kv_dtype: str) -
                 total += itemsize[dtype] * math.prod(int(x) for x in dims)
         return total
 
-    ret = collective_bytes(lambda q, k, v, g: power_retention_context_parallel(q, k, v, g, deg=deg, mesh=mesh),
-                           q, q, q, g, op="collective_permute")  # fmt: skip
-    soft = collective_bytes(lambda q, k, v: softmax_attention_context_parallel(q, k, v, mesh=mesh), q, q, q,
-                            op="all_gather")  # fmt: skip
+    retention = partial(power_retention_context_parallel, deg=deg, mesh=mesh)
+    ret = collective_bytes(retention, q, q, q, g, op="collective_permute")
+    soft = collective_bytes(partial(softmax_attention_context_parallel, mesh=mesh), q, q, q, op="all_gather")
     return {"T": T, "retention_per_device": ret, "gathered_kv_per_device": soft * (n - 1) // n}
-
-
-def fmt(n_bytes: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= size:
-            return f"{n_bytes / size:.1f} {unit}"
-    return f"{n_bytes:.0f} B"
-
-
-def tokens(T: int) -> str:
-    return f"{T / 2**20:g}M" if T >= 2**20 else f"{T / 2**10:g}k" if T >= 2**10 else str(T)
 
 
 def main():
@@ -110,8 +97,12 @@ def main():
     parser.add_argument("--deg", type=int, default=2, help="power (even)")
     parser.add_argument("--kv-dtype", default="bfloat16", choices=tuple(DTYPE_BYTES))
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
-    parser.add_argument("--hlo", action="store_true", help="also measure the forward bytes in the compiled HLO at "
-                        "the first context (n fake CPU devices; lowers both ops, seconds)")  # fmt: skip
+    parser.add_argument(
+        "--hlo",
+        action="store_true",
+        help="also measure the forward bytes in the compiled HLO at the first context (n fake CPU devices; lowers "
+        "both ops, seconds)",
+    )
     parser.add_argument("--out", default="results/comm_volume.json")
     args = parser.parse_args()
     if args.n < 1:
@@ -127,29 +118,49 @@ def main():
     rows = []
     for T in args.contexts:
         kv = gathered_kv_bytes(n, T, B, H, d, kv_bytes)
-        rows.append({
-            "T": T,
-            "retention_fwd_per_device": ret["per_device"], "retention_step_per_device": 2 * ret["per_device"],
-            "gathered_kv_fwd_per_device": kv["per_device"], "gathered_kv_step_per_device": 2 * kv["per_device"],
-            "retention_fwd_total": ret["total"], "gathered_kv_fwd_total": kv["total"],
-            "ratio": kv["per_device"] / ret["per_device"] if ret["per_device"] else float("inf"),
-        })  # fmt: skip
-    print(f"Bytes received per device per layer, one training step (forward + backward), n={n} devices on the "
-          f"sequence axis, B={B}, H={H}, d={d}, deg={deg} (D={sympow_dim(d, deg)}); state float32, "
-          f"K/V {args.kv_dtype}; scan rounds {scan_rounds(n)}")  # fmt: skip
+        rows.append(
+            {
+                "T": T,
+                "retention_fwd_per_device": ret["per_device"],
+                "retention_step_per_device": 2 * ret["per_device"],
+                "gathered_kv_fwd_per_device": kv["per_device"],
+                "gathered_kv_step_per_device": 2 * kv["per_device"],
+                "retention_fwd_total": ret["total"],
+                "gathered_kv_fwd_total": kv["total"],
+                "ratio": kv["per_device"] / ret["per_device"] if ret["per_device"] else float("inf"),
+            }
+        )
+    print(
+        f"Bytes received per device per layer, one training step (forward + backward), n={n} devices on the "
+        f"sequence axis, B={B}, H={H}, d={d}, deg={deg} (D={sympow_dim(d, deg)}); state float32, "
+        f"K/V {args.kv_dtype}; scan rounds {scan_rounds(n)}"
+    )
     print("| T | power retention (state scan) | softmax (gathered K/V) | K/V / state |")
     print("| --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {tokens(r['T'])} | {fmt(r['retention_step_per_device'])} | "
-              f"{fmt(r['gathered_kv_step_per_device'])} | {r['ratio']:.0f}x |")  # fmt: skip
-    out = {"n": n, "B": B, "H": H, "d": d, "deg": deg, "D": sympow_dim(d, deg), "kv_dtype": args.kv_dtype,
-           "scan_rounds": scan_rounds(n), "state_bytes": ret["state_bytes"], "rows": rows}  # fmt: skip
+        retention, kv = human_bytes(r["retention_step_per_device"]), human_bytes(r["gathered_kv_step_per_device"])
+        print(f"| {tokens(r['T'])} | {retention} | {kv} | {r['ratio']:.0f}x |")
+    out = {
+        "n": n,
+        "B": B,
+        "H": H,
+        "d": d,
+        "deg": deg,
+        "D": sympow_dim(d, deg),
+        "kv_dtype": args.kv_dtype,
+        "scan_rounds": scan_rounds(n),
+        "state_bytes": ret["state_bytes"],
+        "rows": rows,
+    }
     if args.hlo:
         measured = hlo_bytes(n, args.contexts[0], B, H, d, deg, args.kv_dtype)
         T = measured["T"]
-        print(f"HLO check at T={tokens(T)}, forward, per device: retention {fmt(measured['retention_per_device'])} "
-              f"(formula {fmt(ret['per_device'])}), gathered K/V {fmt(measured['gathered_kv_per_device'])} "
-              f"(formula {fmt(gathered_kv_bytes(n, T, B, H, d, kv_bytes)['per_device'])})")  # fmt: skip
+        formula_kv = gathered_kv_bytes(n, T, B, H, d, kv_bytes)["per_device"]
+        print(
+            f"HLO check at T={tokens(T)}, forward, per device: retention "
+            f"{human_bytes(measured['retention_per_device'])} (formula {human_bytes(ret['per_device'])}), gathered "
+            f"K/V {human_bytes(measured['gathered_kv_per_device'])} (formula {human_bytes(formula_kv)})"
+        )
         out["hlo_forward"] = measured
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))

@@ -4,14 +4,12 @@ For each pattern and context T: prefill T random tokens into caches sized for T 
 one compiled lax.fori_loop of `--tokens` greedy decode steps (the loop of `retention.generate`), after a warm-up
 run of the same compiled loop; the median of `--repeats` runs, divided by the tokens. Prints a table, writes JSON.
 
-    python experiments/decode_speed.py [--quick] [--out results/decode_speed.json]
+    python -m experiments.decode_speed [--quick] [--out results/decode_speed.json]
 """
 
 import argparse
 import dataclasses
 import json
-import statistics
-import time
 from functools import partial
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from experiments.timing import median_seconds
 from retention.nn import LM, LMConfig, cache_bytes
 
 PATTERNS = ("A", "W", "P", "PPPA")
@@ -43,14 +42,8 @@ def ms_per_token(model: LM, context: int, n_tokens: int, repeats: int) -> tuple[
     logits, caches = model.prefill(prompt, context + n_tokens)
     token_B1 = jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32)
     graphdef, state = nnx.split(model)
-    run = lambda: decode_loop(graphdef, state, caches, token_B1, n_tokens=n_tokens).block_until_ready()
-    run()  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times) / n_tokens, cache_bytes(caches)
+    run = partial(decode_loop, n_tokens=n_tokens)
+    return 1e3 * median_seconds(run, graphdef, state, caches, token_B1, repeats=repeats) / n_tokens, cache_bytes(caches)
 
 
 def main():

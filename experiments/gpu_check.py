@@ -8,25 +8,19 @@
    holding 64k tokens), each as a compiled loop of steps.
 Medians of several repeats after a warm-up (experiments/timing.py). Prints one table. About 5 minutes on an H200.
 
-    python experiments/gpu_check.py            # on a GPU
-    python experiments/gpu_check.py --quick    # CPU smoke run: interpret mode, tiny sizes, softmax via XLA
+    python -m experiments.gpu_check            # on a GPU
+    python -m experiments.gpu_check --quick    # CPU smoke run: interpret mode, tiny sizes, softmax via XLA
 """
 
 import argparse
-import sys
 from functools import partial
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from timing import median_seconds  # noqa: E402
-
-from pallas_kernels.power_retention import power_retention_pallas, power_retention_step_pallas  # noqa: E402
-from retention import (init_kv_cache, init_state, power_retention, power_retention_step,  # noqa: E402
-                       softmax_attention_step)
+from experiments.timing import median_seconds
+from pallas_kernels.power_retention import power_retention_pallas, power_retention_step_pallas
+from retention import init_kv_cache, init_state, power_retention, power_retention_step, softmax_attention_step
 
 
 def rel_err(a, b) -> float:
@@ -43,10 +37,12 @@ def inputs(seed, B, T, H, d, dtype):
 
 def pallas_op(chunk):
     """(y, state) of the kernels from an empty state."""
+
     def op(q, k, v, log_g):
         B, _, _, d = q.shape
-        return power_retention_pallas(q, k, v, log_g, init_state(B, k.shape[2], d), deg=2, scale=d**-0.5,
-                                      chunk_size=chunk)
+        state = init_state(B, k.shape[2], d)
+        return power_retention_pallas(q, k, v, log_g, state, deg=2, scale=d**-0.5, chunk_size=chunk)
+
     return op
 
 
@@ -59,6 +55,11 @@ def softmax_op(quick):
     return lambda q, k, v, log_g: (jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl), None)
 
 
+def loss_grad(op, ct):
+    """jit'd gradients in (q, k, v, log_g) of <op(q, k, v, log_g)[0], ct>."""
+    return jax.jit(jax.grad(lambda *a: jnp.vdot(op(*a)[0], ct), argnums=(0, 1, 2, 3)))
+
+
 def check(T, H, d, chunk):
     """Relative errors of the kernels against the XLA chunked path, float32 with exact matmuls."""
     q, k, v, log_g = inputs(0, 1, T, H, d, jnp.float32)
@@ -67,7 +68,7 @@ def check(T, H, d, chunk):
     with jax.default_matmul_precision("highest"):
         for name, op in (("pallas", pallas_op(chunk)), ("xla", xla_op(chunk))):
             y, state = jax.jit(op)(q, k, v, log_g)
-            grads = jax.jit(jax.grad(lambda *a: jnp.vdot(op(*a)[0], ct), argnums=(0, 1, 2, 3)))(q, k, v, log_g)
+            grads = loss_grad(op, ct)(q, k, v, log_g)
             out[name] = (y, state.S, state.z, *grads)
     names = ("y", "S", "z", "dq", "dk", "dv", "dlog_g")
     return {n: rel_err(a, b) for n, a, b in zip(names, out["pallas"], out["xla"])}
@@ -75,17 +76,16 @@ def check(T, H, d, chunk):
 
 def train_times(op, q, k, v, log_g, repeats):
     """Median seconds of the jit'd forward and of forward+backward (random-cotangent loss)."""
-    ct = jnp.ones(q.shape, q.dtype)
+    ct = jnp.ones(q.shape, jnp.float32)
     fwd = jax.jit(lambda *a: op(*a)[0])
-    fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.vdot(op(*a)[0].astype(jnp.float32), ct.astype(jnp.float32)),
-                               argnums=(0, 1, 2)))
-    return median_seconds(fwd, q, k, v, log_g, repeats=repeats), median_seconds(fwd_bwd, q, k, v, log_g,
-                                                                                repeats=repeats)
+    fwd_bwd = jax.jit(jax.grad(lambda *a: jnp.vdot(op(*a)[0].astype(jnp.float32), ct), argnums=(0, 1, 2)))
+    return tuple(median_seconds(fn, q, k, v, log_g, repeats=repeats) for fn in (fwd, fwd_bwd))
 
 
 @partial(jax.jit, static_argnames=("step", "n_steps"))
 def decode_loop(carry, q, k, v, log_g, *, step, n_steps):
     """n_steps decode steps of one token, in one compiled loop; returns the last output and the carried state."""
+
     def body(_, c):
         return step(c[1], q, k, v, log_g)
 
@@ -104,8 +104,12 @@ def decode_times(context, H, d, n_steps, repeats):
     slots = jnp.arange(context + n_steps, dtype=jnp.int32)
     cache = cache._replace(pos=jnp.where(slots < context, slots, -1), length=jnp.asarray(context, jnp.int32))
     rows = {}
-    for name, step, carry in (("pallas", pallas_step, init_state(B, H, d)), ("xla chunked", xla_step,
-                              init_state(B, H, d)), ("softmax kv-cache", softmax_step, cache)):
+    cases = (
+        ("pallas", pallas_step, init_state(B, H, d)),
+        ("xla chunked", xla_step, init_state(B, H, d)),
+        ("softmax kv-cache", softmax_step, cache),
+    )
+    for name, step, carry in cases:
         run = partial(decode_loop, step=step, n_steps=n_steps)
         rows[name] = median_seconds(run, carry, q, k, v, log_g, repeats=repeats) / n_steps
     return rows
@@ -123,14 +127,18 @@ def main():
 
     errors = check(check_T, H, d, chunk)
     print(f"\ncorrectness at T={check_T} (float32, relative error of the kernels against impl='xla'):")
-    print("  " + "  ".join(f"{n} {e:.1e}" for n, e in errors.items()),
-          "-> ok" if max(errors.values()) < 1e-4 else "-> MISMATCH")
+    verdict = "-> ok" if max(errors.values()) < 1e-4 else "-> MISMATCH"
+    print("  " + "  ".join(f"{n} {e:.1e}" for n, e in errors.items()), verdict)
 
     rows = []
     for T in lengths:
         q, k, v, log_g = inputs(T, 1, T, H, d, jnp.bfloat16)
-        for name, op in (("pallas", pallas_op(chunk)), ("xla chunked", xla_op(chunk)),
-                         ("softmax " + ("xla" if args.quick else "cudnn"), softmax_op(args.quick))):
+        ops = (
+            ("pallas", pallas_op(chunk)),
+            ("xla chunked", xla_op(chunk)),
+            ("softmax " + ("xla" if args.quick else "cudnn"), softmax_op(args.quick)),
+        )
+        for name, op in ops:
             t_f, t_fb = train_times(op, q, k, v, log_g, repeats)
             rows.append((f"train T={T}", name, f"{1e3 * t_f:10.3f}", f"{1e3 * t_fb:10.3f}", ""))
     for name, seconds in decode_times(context, H, d, n_steps, repeats).items():

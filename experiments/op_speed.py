@@ -2,8 +2,8 @@
 decode per token in a compiled loop, state bytes against KV-cache bytes, achieved GFLOP/s against a matmul rate
 measured in the same run. Prints a table and writes JSON.
 
-    python experiments/op_speed.py            # T = 1k .. 64k (about 25 minutes on 2 cores)
-    python experiments/op_speed.py --quick    # T = 1k .. 4k (about a minute)
+    python -m experiments.op_speed            # T = 1k .. 64k (about 25 minutes on 2 cores)
+    python -m experiments.op_speed --quick    # T = 1k .. 4k (about a minute)
 
 FLOP counts (DESIGN section 1, per head): power forward 4*T*D*d (state write and read) + 2*T*c*d (inside
 chunks); causal softmax forward 2*T^2*d. Forward+backward counts 3x the forward for both.
@@ -12,17 +12,14 @@ chunks); causal softmax forward 2*T^2*d. Forward+backward counts 3x the forward 
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import matmul_gflops, median_seconds  # noqa: E402
-
-from retention import (  # noqa: E402
+from experiments.formatting import human_bytes
+from experiments.timing import matmul_gflops, median_seconds
+from retention import (
     init_kv_cache,
     init_state,
     power_retention,
@@ -51,18 +48,33 @@ def train_fns(op):
 def time_training(args, T, rows):
     B, H, d = args.batch, args.heads, args.head_dim
     q, k, v, ct = jax.random.normal(jax.random.key(T), (4, B, T, H, d), jnp.float32)
-    variants = [(f"power c={c}", lambda q, k, v, c=c: power_retention(q, k, v, chunk_size=c), power_flops(T, H, d, 2, c))
-                for c in args.chunks]
+    variants = [
+        (f"power c={c}", lambda q, k, v, c=c: power_retention(q, k, v, chunk_size=c), power_flops(T, H, d, 2, c))
+        for c in args.chunks
+    ]
     variants.append(("softmax blockwise", lambda q, k, v: softmax_attention(q, k, v), softmax_flops(T, H, d)))
     for name, op, flops in variants:
         fwd, fwd_bwd = train_fns(op)
         t_f = median_seconds(fwd, q, k, v, repeats=args.repeats)
         t_fb = median_seconds(fwd_bwd, q, k, v, ct, repeats=args.repeats)
-        rows.append(dict(kind="train", name=name, T=T, fwd_s=t_f, fwd_bwd_s=t_fb, flops_fwd=flops,
-                         gflops_fwd=flops / t_f / 1e9, gflops_fwd_bwd=3 * flops / t_fb / 1e9))
+        rows.append(train_row(name, T, t_f, t_fb, flops))
     torch_row = time_torch_sdpa(B, T, H, d, args.repeats)
     if torch_row:
         rows.append(torch_row)
+
+
+def train_row(name, T, t_f, t_fb, flops):
+    """One training-time row: forward and forward+backward seconds and the GFLOP/s they achieve."""
+    return dict(
+        kind="train",
+        name=name,
+        T=T,
+        fwd_s=t_f,
+        fwd_bwd_s=t_fb,
+        flops_fwd=flops,
+        gflops_fwd=flops / t_f / 1e9,
+        gflops_fwd_bwd=3 * flops / t_fb / 1e9,
+    )
 
 
 def time_torch_sdpa(B, T, H, d, repeats):
@@ -71,27 +83,12 @@ def time_torch_sdpa(B, T, H, d, repeats):
         import torch
     except ImportError:
         return None
-    import time
-
-    import numpy as np
 
     q, k, v = (torch.randn(B, H, T, d, requires_grad=True) for _ in range(3))
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-    def med(fn):
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
-
-    t_f = med(lambda: sdpa().detach())
-    t_fb = med(lambda: sdpa().sum().backward())
-    flops = softmax_flops(T, H, d)
-    return dict(kind="train", name="torch sdpa", T=T, fwd_s=t_f, fwd_bwd_s=t_fb, flops_fwd=flops,
-                gflops_fwd=flops / t_f / 1e9, gflops_fwd_bwd=3 * flops / t_fb / 1e9)
+    t_f = median_seconds(lambda: sdpa().detach(), repeats=repeats)
+    t_fb = median_seconds(lambda: sdpa().sum().backward(), repeats=repeats)
+    return train_row("torch sdpa", T, t_f, t_fb, softmax_flops(T, H, d))
 
 
 def time_decode(args, context, rows):
@@ -103,44 +100,60 @@ def time_decode(args, context, rows):
         def body(state, x):
             y, state = power_retention_step(state, *x)
             return state, y
+
         return jax.lax.scan(body, state, (q, k, v))
 
     def kv_loop(cache, q, k, v):
         def body(cache, x):
             y, cache = softmax_attention_step(cache, *x)
             return cache, y
+
         return jax.lax.scan(body, cache, (q, k, v))
 
     state = init_state(B, H, d, 2)
     state = state._replace(S=jax.random.normal(jax.random.key(1), state.S.shape), z=jnp.abs(state.z) + 1.0)
     cache = init_kv_cache(B, H, d, context + n)
     kc, vc = jax.random.normal(jax.random.key(2), (2,) + cache.k.shape)
-    pos = jnp.where(jnp.arange(context + n) < context, jnp.arange(context + n), -1).astype(jnp.int32)  # filled to context
+    slots = jnp.arange(context + n, dtype=jnp.int32)
+    pos = jnp.where(slots < context, slots, -1)  # filled to `context`
     cache = cache._replace(k=kc, v=vc, pos=pos, length=jnp.asarray(context, jnp.int32))
     t_power = median_seconds(jax.jit(power_loop), state, q, k, v, repeats=args.repeats) / n
     t_kv = median_seconds(jax.jit(kv_loop), cache, q, k, v, repeats=args.repeats) / n
     state_bytes = sum(x.nbytes for x in state)
     kv_bytes = 2 * B * context * H * d * 4
-    rows.append(dict(kind="decode", T=context, power_ms_per_token=t_power * 1e3, kv_ms_per_token=t_kv * 1e3,
-                     speedup=t_kv / t_power, state_bytes=state_bytes, kv_bytes=kv_bytes, byte_ratio=kv_bytes / state_bytes))
+    rows.append(
+        dict(
+            kind="decode",
+            T=context,
+            power_ms_per_token=t_power * 1e3,
+            kv_ms_per_token=t_kv * 1e3,
+            speedup=t_kv / t_power,
+            state_bytes=state_bytes,
+            kv_bytes=kv_bytes,
+            byte_ratio=kv_bytes / state_bytes,
+        )
+    )
 
 
 def print_tables(rows, peak):
     print(f"\nmatmul rate (4096^3, float32): {peak:.0f} GFLOP/s")
     print(f"\n{'variant':<18}{'T':>7}{'fwd s':>9}{'GF/s':>7}{'%peak':>7}{'fwd+bwd s':>11}{'GF/s':>7}{'%peak':>7}")
     for r in (r for r in rows if r["kind"] == "train"):
-        print(f"{r['name']:<18}{r['T']:>7}{r['fwd_s']:>9.3f}{r['gflops_fwd']:>7.0f}{100 * r['gflops_fwd'] / peak:>7.0f}"
-              f"{r['fwd_bwd_s']:>11.3f}{r['gflops_fwd_bwd']:>7.0f}{100 * r['gflops_fwd_bwd'] / peak:>7.0f}")
+        fwd = f"{r['fwd_s']:>9.3f}{r['gflops_fwd']:>7.0f}{100 * r['gflops_fwd'] / peak:>7.0f}"
+        fwd_bwd = f"{r['fwd_bwd_s']:>11.3f}{r['gflops_fwd_bwd']:>7.0f}{100 * r['gflops_fwd_bwd'] / peak:>7.0f}"
+        print(f"{r['name']:<18}{r['T']:>7}{fwd}{fwd_bwd}")
     print(f"\n{'T':>7}{'best power fwd+bwd s':>22}{'softmax fwd+bwd s':>19}{'speed-up':>10}")
     for T in sorted({r["T"] for r in rows if r["kind"] == "train"}):
         at_T = [r for r in rows if r["kind"] == "train" and r["T"] == T]
         power = min(r["fwd_bwd_s"] for r in at_T if r["name"].startswith("power"))
         soft = min(r["fwd_bwd_s"] for r in at_T if not r["name"].startswith("power"))
         print(f"{T:>7}{power:>22.3f}{soft:>19.3f}{soft / power:>10.1f}")
-    print(f"\n{'context':>8}{'power ms/tok':>14}{'KV ms/tok':>11}{'speed-up':>10}{'state MB':>10}{'KV MB':>9}{'bytes x':>9}")
+    header = f"{'context':>8}{'power ms/tok':>14}{'KV ms/tok':>11}{'speed-up':>10}{'state':>10}{'KV cache':>12}"
+    print(f"\n{header}{'bytes x':>9}")
     for r in (r for r in rows if r["kind"] == "decode"):
-        print(f"{r['T']:>8}{r['power_ms_per_token']:>14.3f}{r['kv_ms_per_token']:>11.3f}{r['speedup']:>10.1f}"
-              f"{r['state_bytes'] / 2**20:>10.2f}{r['kv_bytes'] / 2**20:>9.1f}{r['byte_ratio']:>9.1f}")
+        times = f"{r['power_ms_per_token']:>14.3f}{r['kv_ms_per_token']:>11.3f}{r['speedup']:>10.1f}"
+        sizes = f"{human_bytes(r['state_bytes']):>10}{human_bytes(r['kv_bytes']):>12}{r['byte_ratio']:>9.1f}"
+        print(f"{r['T']:>8}{times}{sizes}")
 
 
 def main(argv=None):
@@ -170,10 +183,11 @@ def main(argv=None):
         time_decode(args, context, rows)
     print_tables(rows, peak)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    machine = dict(
+        backend=jax.default_backend(), devices=[str(x) for x in jax.devices()], cpus=os.cpu_count(), jax=jax.__version__
+    )
     with open(args.out, "w") as f:
-        json.dump(dict(machine=dict(backend=jax.default_backend(), devices=[str(x) for x in jax.devices()],
-                                    cpus=os.cpu_count(), jax=jax.__version__),
-                       config=vars(args), matmul_gflops=peak, rows=rows), f, indent=1)
+        json.dump(dict(machine=machine, config=vars(args), matmul_gflops=peak, rows=rows), f, indent=1)
     print(f"\nwrote {args.out}")
 
 

@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmarks: medians after a warm-up, and this machine's matmul rate."""
+"""Timing helpers shared by the benchmarks: wall times after a warm-up, their median, and this machine's matmul rate."""
 
 import time
 
@@ -7,15 +7,21 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def median_seconds(fn, *args, repeats: int = 3) -> float:
-    """Median wall time of fn(*args) over `repeats` runs after one warm-up run (which also compiles)."""
+def run_times(fn, *args, repeats: int = 3) -> list[float]:
+    """Wall seconds of each of `repeats` calls fn(*args), after one warm-up call (which also compiles). Each call is
+    waited for (jax.block_until_ready on its result; results that are not JAX arrays, e.g. torch's, pass through)."""
     jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return times
+
+
+def median_seconds(fn, *args, repeats: int = 3) -> float:
+    """Median wall time of fn(*args) over `repeats` runs after one warm-up run (run_times)."""
+    return float(np.median(run_times(fn, *args, repeats=repeats)))
 
 
 def matmul_gflops(n: int = 4096, repeats: int = 5, dtype=jnp.float32) -> float:

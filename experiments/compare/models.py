@@ -4,16 +4,15 @@
 
 from pathlib import Path
 
-import jax
 from flax import nnx
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from retention.nn import LM, cache_bytes
+from experiments.cache_memory import sequence_cache_bytes
+from experiments.compare.presets import MODELS, Preset
+from retention.nn import LM
 from retention.train import register_configs
 from retention.train.config import Config, make_lm_config
-
-from presets import MODELS, Preset
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 register_configs()
@@ -28,7 +27,7 @@ def compose_config(overrides: list[str]) -> Config:
 def lm_cache_bytes(cfg: Config, length: int, vocab_size: int = 256) -> int:
     """Decode-cache bytes of one sequence at `length` tokens for cfg's model (shapes only, nothing allocated)."""
     model = nnx.eval_shape(lambda: LM(make_lm_config(cfg.model, vocab_size), rngs=nnx.Rngs(0)))
-    return cache_bytes(jax.eval_shape(lambda: model.init_caches(1, length)))
+    return sequence_cache_bytes(model, length)
 
 
 def matched_window(preset: Preset) -> int:

@@ -12,10 +12,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from experiments.compare.models import compose_config, model_overrides
+from experiments.compare.presets import Preset
 from retention.train import train
-
-from models import compose_config, model_overrides
-from presets import Preset
 
 
 @contextlib.contextmanager
@@ -51,9 +50,9 @@ def measure_quality(preset: Preset, window: int, runs: Path) -> dict:
             summary = json.loads(done.read_text())
         else:
             spec = preset.tasks[task]
-            cfg = compose_config([*model_overrides(model, preset, window), *spec.model_overrides(model),
-                                  f"data={spec.data}", *spec.overrides, f"seed={seed}",
-                                  f"trainer.peak_flops={preset.peak_flops}"])  # fmt: skip
+            model_args = [*model_overrides(model, preset, window), *spec.model_overrides(model)]
+            run_args = [f"data={spec.data}", *spec.overrides, f"seed={seed}", f"trainer.peak_flops={preset.peak_flops}"]
+            cfg = compose_config([*model_args, *run_args])
             start = time.perf_counter()
             with run_log(folder / "train.log"):
                 summary = train(cfg, str(folder))

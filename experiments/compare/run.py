@@ -1,9 +1,9 @@
 """The comparison in one command: speed, memory and quality of softmax (A), sliding window (W), a window with the
 power state's bytes (swa_matched), power retention (P) and the 3:1 hybrid (PPPA), then the report.
 
-    python experiments/compare/run.py --preset cpu     # this 2-core machine, about an hour -> results/REPORT.md
-    python experiments/compare/run.py --preset gpu     # one H100/H200, contexts to 64k, three seeds
-    python experiments/compare/run.py --preset smoke   # seconds: the pipeline at toy sizes
+    python -m experiments.compare.run --preset cpu     # this 2-core machine, about an hour -> results/REPORT.md
+    python -m experiments.compare.run --preset gpu     # one H100/H200, contexts to 64k, three seeds
+    python -m experiments.compare.run --preset smoke   # seconds: the pipeline at toy sizes
 
 Writes <data>/speed.json and <data>/quality.json (data: results/compare/<preset>), training runs under
 <runs> (outputs/compare/<preset>: one TensorBoard folder for all of them), then experiments/report.py's
@@ -17,26 +17,30 @@ import json
 import logging
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+import jax
 
-import jax  # noqa: E402
-
-from models import matched_window  # noqa: E402
-from presets import PRESETS  # noqa: E402
-from quality import measure_quality  # noqa: E402
-from report import write_report  # noqa: E402
-from speed import measure_speed  # noqa: E402
+from experiments.compare.models import matched_window
+from experiments.compare.presets import PRESETS
+from experiments.compare.quality import measure_quality
+from experiments.compare.speed import measure_speed
+from experiments.report import write_report
 
 
 def machine() -> dict:
     """What ran the comparison: backend, device kind, CPU count, JAX version, date."""
-    return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
-            "cpus": os.cpu_count(), "platform": platform.platform(), "jax": jax.__version__,
-            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")}  # fmt: skip
+    return {
+        "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
+        "devices": jax.device_count(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "jax": jax.__version__,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def main():
@@ -59,7 +63,8 @@ def main():
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save at INFO
 
     window = matched_window(preset)
-    meta = {"preset": preset.name, "machine": machine(), "matched_window": window, "command": " ".join(sys.argv)}
+    command = shlex.join(["python", "-m", "experiments.compare.run", *sys.argv[1:]])
+    meta = {"preset": preset.name, "machine": machine(), "matched_window": window, "command": command}
     if not args.skip_speed:
         speed = measure_speed(preset, window)
         (data / "speed.json").write_text(json.dumps({**meta, "results": speed}, indent=2))

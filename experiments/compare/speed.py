@@ -4,23 +4,21 @@ bytes per sequence. Medians of several repeats after a warm-up; random byte toke
 the data). Returns a dict that `run.py` writes as speed.json.
 """
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
+from experiments.compare.models import compose_config, lm_cache_bytes, model_overrides
+from experiments.compare.presets import Preset
+from experiments.decode_speed import ms_per_token
+from experiments.timing import run_times
 from retention.nn import LM
 from retention.train.config import Config, make_lm_config
 from retention.train.metrics import throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
 from retention.train.step import TraceCount, make_train_step
-
-from decode_speed import ms_per_token
-from models import compose_config, lm_cache_bytes, model_overrides
-from presets import Preset
 
 VOCAB = 256  # byte-level, as the text task
 CACHE_CONTEXTS = tuple(1024 * 4**i for i in range(6))  # 1k .. 1M tokens: shapes only, nothing allocated
@@ -37,18 +35,25 @@ def train_step_time(cfg: Config, T: int, B: int, repeats: int, peak_flops: float
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     compiled = make_train_step(graphdef, tx, TraceCount()).lower(state, inputs, targets).compile()
     memory = compiled.memory_analysis()
-    state, metrics = compiled(state, inputs, targets)  # warm-up
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def step():
+        """One step from the state the last one returned (the step donates its input state)."""
+        nonlocal state
         state, metrics = compiled(state, inputs, targets)
-        jax.block_until_ready(metrics)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+        return state, metrics
+
+    times = run_times(step, repeats=repeats)
+    seconds = float(np.median(times))
     perf = throughput(B * T, seconds, training_flops_per_token(lm, T), peak_flops)
-    return {"T": T, "batch": B, "step_s": seconds, "times_s": times, **perf,
-            "temp_bytes": memory.temp_size_in_bytes, "argument_bytes": memory.argument_size_in_bytes}  # fmt: skip
+    return {
+        "T": T,
+        "batch": B,
+        "step_s": seconds,
+        "times_s": times,
+        **perf,
+        "temp_bytes": memory.temp_size_in_bytes,
+        "argument_bytes": memory.argument_size_in_bytes,
+    }
 
 
 def decode_time(cfg: Config, contexts, n_tokens: int, repeats: int) -> dict:
@@ -62,7 +67,7 @@ def decode_time(cfg: Config, contexts, n_tokens: int, repeats: int) -> dict:
 
 
 def measure_speed(preset: Preset, window: int) -> dict:
-    """{model: {"params", "train": [per T], "decode": {context: ...}, "cache_bytes": {context: bytes}}}."""
+    """{model: {"layer_kinds", "train": [per T], "decode": {context: ...}, "cache_bytes": {context: bytes}}}."""
     results = {}
     jobs = [(name, T) for name in preset.models for T in preset.speed_lengths]
     bar = tqdm(jobs, desc="train-step speed", unit="run")
@@ -70,13 +75,12 @@ def measure_speed(preset: Preset, window: int) -> dict:
         bar.set_postfix(model=name, T=T)
         cfg = compose_config(model_overrides(name, preset, window))
         entry = results.setdefault(name, {"train": [], "decode": {}, "cache_bytes": {}})
-        entry["pattern"] = make_lm_config(cfg.model, VOCAB).layer_kinds
-        entry["train"].append(train_step_time(cfg, T, preset.tokens_per_step // T, preset.speed_repeats,
-                                              preset.peak_flops))  # fmt: skip
+        entry["layer_kinds"] = make_lm_config(cfg.model, VOCAB).layer_kinds
+        B = preset.tokens_per_step // T
+        entry["train"].append(train_step_time(cfg, T, B, preset.speed_repeats, preset.peak_flops))
     for name in tqdm(preset.models, desc="decode speed", unit="model"):
         cfg = compose_config(model_overrides(name, preset, window))
-        results[name]["decode"] = decode_time(cfg, preset.decode_contexts, preset.decode_tokens,
-                                              preset.speed_repeats)  # fmt: skip
+        results[name]["decode"] = decode_time(cfg, preset.decode_contexts, preset.decode_tokens, preset.speed_repeats)
         contexts = sorted({*CACHE_CONTEXTS, *preset.decode_contexts})
         results[name]["cache_bytes"] = {str(L): lm_cache_bytes(cfg, L, VOCAB) for L in contexts}
     return results

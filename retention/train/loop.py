@@ -199,6 +199,7 @@ def train(cfg: Config, run_dir: str) -> dict:
     perf = throughput(B * T, B * T / tokens_per_s, flops_tok, cfg.trainer.peak_flops)
     summary = {
         "model": cfg.model.name, "pattern": lm.pattern, "n_layers": lm.n_layers, "d_model": lm.d_model,
+        "layer_kinds": lm.layer_kinds,
         "params": n_params, "task": cfg.data.task, "seq_len": T, "steps": cfg.trainer.steps,
         "final_loss": evals[eval_lengths[0]]["loss"], "eval": {str(L): v for L, v in evals.items()},
         "cache_bytes": {str(L): b for L, b in caches.items()}, "train_traces": traces.count, **losses, **perf,

@@ -24,7 +24,7 @@ def test_on_eight_devices(name):
 
 
 def test_comm_volume_formulas_match_the_lowered_program(tmp_path):
-    """experiments/comm_volume.py: its byte formulas equal the collectives in the shard_map'd ops' program."""
+    """python -m experiments.comm_volume: its byte formulas equal the collectives in the shard_map'd ops' program."""
     import json
     import subprocess
     import sys
@@ -32,11 +32,12 @@ def test_comm_volume_formulas_match_the_lowered_program(tmp_path):
     from tests.parallel.common import ROOT
 
     out = tmp_path / "comm.json"
+    args = "--hlo --n 4 --H 2 --d 8 --B 2 --contexts 256 1024".split()
+    command = [sys.executable, "-m", "experiments.comm_volume", *args, "--out", str(out)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     result = subprocess.run(
-        [sys.executable, "experiments/comm_volume.py", "--hlo", "--n", "4", "--H", "2", "--d", "8", "--B", "2",
-         "--contexts", "256", "1024", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )  # fmt: skip
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, env=env
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     table = json.loads(out.read_text())
     first = table["rows"][0]
