@@ -17,17 +17,28 @@ class MQAR:
     """MQAR batches [batch_size, seq_len] over ids [0, vocab_size); `seq_len` is the training length."""
 
     def __init__(
-        self, *, vocab_size: int, seq_len: int, batch_size: int, num_kv_pairs: int, power_a: float = 0.01,
+        self,
+        *,
+        vocab_size: int,
+        seq_len: int,
+        batch_size: int,
+        num_kv_pairs: int,
+        power_a: float = 0.01,
         seed: int = 0,
-    ):  # fmt: skip
-        for name, value in (("vocab_size", vocab_size), ("seq_len", seq_len), ("batch_size", batch_size),
-                            ("num_kv_pairs", num_kv_pairs)):  # fmt: skip
+    ):
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("seq_len", seq_len),
+            ("batch_size", batch_size),
+            ("num_kv_pairs", num_kv_pairs),
+        ):
             check_int(name, value)
         if vocab_size <= seq_len:
             raise ValueError(f"vocab_size must be > seq_len={seq_len} (as in Zoology), got {vocab_size}")
         if vocab_size // 2 - 1 < num_kv_pairs:
-            raise ValueError(f"num_kv_pairs must be <= vocab_size // 2 - 1 = {vocab_size // 2 - 1} distinct keys, "
-                             f"got {num_kv_pairs}")  # fmt: skip
+            raise ValueError(
+                f"num_kv_pairs must be <= vocab_size // 2 - 1 = {vocab_size // 2 - 1} distinct keys, got {num_kv_pairs}"
+            )
         check_number("power_a", power_a, low=0, high=1, open_low=True)
         self.vocab_size, self.seq_len, self.batch_size = vocab_size, seq_len, batch_size
         self.num_kv_pairs, self.power_a, self.seed = num_kv_pairs, power_a, seed

@@ -17,8 +17,12 @@ class SelectiveCopy:
     """Selective-copying batches [batch_size, seq_len] with num_copy tokens to copy."""
 
     def __init__(self, *, seq_len: int, batch_size: int, num_copy: int = 8, n_tokens: int = 16, seed: int = 0):
-        for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("num_copy", num_copy),
-                            ("n_tokens", n_tokens)):  # fmt: skip
+        for name, value in (
+            ("seq_len", seq_len),
+            ("batch_size", batch_size),
+            ("num_copy", num_copy),
+            ("n_tokens", n_tokens),
+        ):
             check_int(name, value)
         self.seq_len, self.batch_size, self.num_copy, self.seed = seq_len, batch_size, num_copy, seed
         self.vocab_size = FIRST_TOKEN + n_tokens

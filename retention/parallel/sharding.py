@@ -55,4 +55,3 @@ def put_batch(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
     and i), each process placing only the shards of its own devices."""
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-

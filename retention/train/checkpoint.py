@@ -28,9 +28,11 @@ class Checkpoints:
     def __init__(self, directory: str, *, every: int, keep: int):
         self.directory = os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+            max_to_keep=keep,
+            create=True,
+            cleanup_tmp_directories=True,
             enable_async_checkpointing=False,  # the train step donates the state it was given: copy it first
-        )  # fmt: skip
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self.every = every
 
@@ -49,14 +51,20 @@ class Checkpoints:
         its sharding, whatever mesh the checkpoint was written under (Orbax reads each device's slices).
         """
         if shardings is not None:
-            abstract_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                          abstract_state, shardings)  # fmt: skip
+            abstract_state = jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract_state, shardings
+            )
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 state = self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
             except Exception as e:  # a damaged checkpoint raises whatever its reader hits: skip it
-                log.warning("skipping checkpoint %d in %s: unreadable (%s: %s)", step, self.directory,
-                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")  # fmt: skip
+                log.warning(
+                    "skipping checkpoint %d in %s: unreadable (%s: %s)",
+                    step,
+                    self.directory,
+                    type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "",
+                )
                 continue
             if not all_finite(state):
                 log.warning("skipping checkpoint %d in %s: it holds NaN or inf", step, self.directory)

@@ -40,7 +40,7 @@ from retention.train.checkpoint import Checkpoints
 from retention.train.config import Config, build
 from retention.train.metrics import MetricsWriter, throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_eval_step, make_init, make_train_step, masked_sums, ratios
+from retention.train.step import TraceCount, make_eval_step, make_init, make_train_step, ratios
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,11 @@ def evaluate(eval_step, params, cfg: Config, dataset, seq_len: int, put=jnp.asar
 
 def hparams_of(cfg: Config, lm: LMConfig, n_params: int) -> dict:
     """The flat hyperparameters shown in TensorBoard's HParams tab."""
-    flat = {f"{group}.{k}": v for group in ("model", "data", "optim", "trainer", "mesh")
-            for k, v in dataclasses.asdict(getattr(cfg, group)).items()}  # fmt: skip
+    flat = {
+        f"{group}.{k}": v
+        for group in ("model", "data", "optim", "trainer", "mesh")
+        for k, v in dataclasses.asdict(getattr(cfg, group)).items()
+    }
     return {**flat, "data.task": cfg.data.task, "model.d_model": lm.d_model, "seed": cfg.seed, "params": n_params}
 
 
@@ -131,19 +134,32 @@ def train(cfg: Config, run_dir: str) -> dict:
     primary = jax.process_index() == 0  # one process writes the events and the summary
     writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start, enabled=primary)
     writer.scalars(start, {"params": n_params, **{f"cache_bytes/{L}": b for L, b in caches.items()}}, "model")
-    log.info("%s: pattern %s x %d layers, d_model %d, %d params; %s T=%d B=%d; steps %d..%d; mesh %s",
-             cfg.model.name, lm.pattern, lm.n_layers, lm.d_model, n_params, cfg.data.task, T, B, start,
-             cfg.trainer.steps, dict(mesh.shape))  # fmt: skip
+    log.info(
+        "%s: pattern %s x %d layers, d_model %d, %d params; %s T=%d B=%d; steps %d..%d; mesh %s",
+        cfg.model.name,
+        lm.pattern,
+        lm.n_layers,
+        lm.d_model,
+        n_params,
+        cfg.data.task,
+        T,
+        B,
+        start,
+        cfg.trainer.steps,
+        dict(mesh.shape),
+    )
 
     traces = TraceCount()
-    train_step = make_train_step(graphdef, tx, traces, mesh=mesh, state_shardings=shardings,
-                                 batch_sharding=batch_sharding(mesh))  # fmt: skip
+    train_step = make_train_step(
+        graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
+    )
     eval_step = make_eval_step(graphdef, mesh=mesh)
     flops_tok = training_flops_per_token(lm, T)
     step_times, window, losses = [], [], {}
     batches = prefetch(dataset.batch, start, cfg.trainer.steps, size=cfg.data.prefetch)
-    bar = tqdm(total=cfg.trainer.steps, initial=start, disable=not cfg.trainer.progress, unit="step",
-               dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        total=cfg.trainer.steps, initial=start, disable=not cfg.trainer.progress, unit="step", dynamic_ncols=True
+    )
     try:
         with StopSignals() as stop:
             for step, batch in enumerate(batches, start=start):
@@ -157,8 +173,10 @@ def train(cfg: Config, run_dir: str) -> dict:
                         raise FloatingPointError(f"the loss is {metrics['loss']} at step {done}")
                     ckpt.save(done, state)  # refuses parameters with NaN or inf
                 except FloatingPointError as e:
-                    raise NonFiniteLoss(f"{e}: stopped; the last good checkpoint is step "
-                                        f"{ckpt.manager.latest_step()} in {ckpt.directory}") from None
+                    raise NonFiniteLoss(
+                        f"{e}: stopped; the last good checkpoint is step "
+                        f"{ckpt.manager.latest_step()} in {ckpt.directory}"
+                    ) from None
                 if step > start:  # the first step of a process includes compilation
                     step_times.append(seconds)
                 window.append(metrics)
@@ -171,17 +189,23 @@ def train(cfg: Config, run_dir: str) -> dict:
                     losses["train_loss"] = mean["loss"]
                     writer.scalars(done, {**mean, "lr": float(schedule(step))}, "train")
                     writer.scalars(done, {**perf, "step_time_s": seconds}, "perf")
-                    log.info("step %d: loss %.4f accuracy %.3f grad_norm %.3f %.0f tok/s", done, mean["loss"],
-                             mean["accuracy"], mean["grad_norm"], perf["tokens_per_s"])  # fmt: skip
+                    log.info(
+                        "step %d: loss %.4f accuracy %.3f grad_norm %.3f %.0f tok/s",
+                        done,
+                        mean["loss"],
+                        mean["accuracy"],
+                        mean["grad_norm"],
+                        perf["tokens_per_s"],
+                    )
                     window = []
                 if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0 and done < cfg.trainer.steps:
                     for L in eval_lengths:
-                        writer.scalars(done, evaluate(eval_step, state["params"], cfg, dataset, L, put),
-                                       f"eval_{L}")  # fmt: skip
+                        writer.scalars(done, evaluate(eval_step, state["params"], cfg, dataset, L, put), f"eval_{L}")
                 if stop.signum is not None:
                     ckpt.save(done, state, force=True)
-                    log.warning("signal %d: saved the checkpoint at step %d in %s; exiting", stop.signum, done,
-                                ckpt.directory)  # fmt: skip
+                    log.warning(
+                        "signal %d: saved the checkpoint at step %d in %s; exiting", stop.signum, done, ckpt.directory
+                    )
                     raise SystemExit(128 + stop.signum)
         ckpt.save(cfg.trainer.steps, state, force=True)
     finally:
@@ -189,8 +213,9 @@ def train(cfg: Config, run_dir: str) -> dict:
         batches.close()
         ckpt.close()
     if traces.count > 1:
-        log.error("the train step was traced %d times: a retrace (changing shapes, dtypes or static args)",
-                  traces.count)  # fmt: skip
+        log.error(
+            "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
+        )
 
     evals = {L: evaluate(eval_step, state["params"], cfg, dataset, L, put) for L in eval_lengths}
     for L, values in evals.items():
@@ -198,14 +223,25 @@ def train(cfg: Config, run_dir: str) -> dict:
     tokens_per_s = B * T / statistics.median(step_times) if step_times else float("nan")
     perf = throughput(B * T, B * T / tokens_per_s, flops_tok, cfg.trainer.peak_flops)
     summary = {
-        "model": cfg.model.name, "pattern": lm.pattern, "n_layers": lm.n_layers, "d_model": lm.d_model,
+        "model": cfg.model.name,
+        "pattern": lm.pattern,
+        "n_layers": lm.n_layers,
+        "d_model": lm.d_model,
         "layer_kinds": lm.layer_kinds,
-        "params": n_params, "task": cfg.data.task, "seq_len": T, "steps": cfg.trainer.steps,
-        "final_loss": evals[eval_lengths[0]]["loss"], "eval": {str(L): v for L, v in evals.items()},
-        "cache_bytes": {str(L): b for L, b in caches.items()}, "train_traces": traces.count, **losses, **perf,
-    }  # fmt: skip
-    writer.hparams(hparams_of(cfg, lm, n_params),
-                   {f"eval_{L}/{k}": v for L, values in evals.items() for k, v in values.items()})  # fmt: skip
+        "params": n_params,
+        "task": cfg.data.task,
+        "seq_len": T,
+        "steps": cfg.trainer.steps,
+        "final_loss": evals[eval_lengths[0]]["loss"],
+        "eval": {str(L): v for L, v in evals.items()},
+        "cache_bytes": {str(L): b for L, b in caches.items()},
+        "train_traces": traces.count,
+        **losses,
+        **perf,
+    }
+    writer.hparams(
+        hparams_of(cfg, lm, n_params), {f"eval_{L}/{k}": v for L, values in evals.items() for k, v in values.items()}
+    )
     writer.close()
     if primary:
         with open(os.path.join(run_dir, "summary.json"), "w") as f:

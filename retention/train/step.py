@@ -25,9 +25,7 @@ class TraceCount:
         self.count = 0
 
 
-def masked_sums(
-    logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]
-) -> dict[str, Float[Array, ""]]:
+def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, ""]]:
     """Sums over the labelled positions (targets != IGNORE): nll, correct argmax, labels; and over the rows
     with a label: exact (every label right) and rows."""
     mask_BT = targets_BT != IGNORE
@@ -50,8 +48,11 @@ def masked_sums(
 def ratios(sums: dict) -> dict[str, float]:
     """loss, accuracy and exact_match from (summed) `masked_sums`."""
     labels, rows = max(float(sums["labels"]), 1.0), max(float(sums["rows"]), 1.0)
-    return {"loss": float(sums["nll"]) / labels, "accuracy": float(sums["correct"]) / labels,
-            "exact_match": float(sums["exact"]) / rows}  # fmt: skip
+    return {
+        "loss": float(sums["nll"]) / labels,
+        "accuracy": float(sums["correct"]) / labels,
+        "exact_match": float(sums["exact"]) / rows,
+    }
 
 
 def make_init(lm: LMConfig, tx: optax.GradientTransformation, seed: int):
@@ -104,19 +105,25 @@ def make_train_step(
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, "accuracy": sums["correct"] / jnp.maximum(sums["labels"], 1.0),
-                   "grad_norm": optax.tree.norm(grads)}  # fmt: skip
+        metrics = {
+            "loss": loss,
+            "accuracy": sums["correct"] / jnp.maximum(sums["labels"], 1.0),
+            "grad_norm": optax.tree.norm(grads),
+        }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     if mesh is None:
         return jax.jit(train_step, donate_argnums=0)
     shardings = (state_shardings, batch_sharding, batch_sharding)
-    return under_mesh(jax.jit(train_step, donate_argnums=0, in_shardings=shardings,
-                              out_shardings=(state_shardings, None)), mesh)  # fmt: skip
+    return under_mesh(
+        jax.jit(train_step, donate_argnums=0, in_shardings=shardings, out_shardings=(state_shardings, None)), mesh
+    )
 
 
 def make_eval_step(graphdef: nnx.GraphDef, *, mesh: Mesh | None = None):
     """jit(params, inputs [B, T], targets [B, T]) -> masked_sums of the forward (compiled once per length);
     under `mesh` when given (the inputs' shardings are kept)."""
-    return under_mesh(jax.jit(lambda params, inputs_BT, targets_BT: masked_sums(
-        nnx.merge(graphdef, params)(inputs_BT), targets_BT)), mesh)  # fmt: skip
+    return under_mesh(
+        jax.jit(lambda params, inputs_BT, targets_BT: masked_sums(nnx.merge(graphdef, params)(inputs_BT), targets_BT)),
+        mesh,
+    )

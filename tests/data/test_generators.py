@@ -84,8 +84,11 @@ def test_text_round_trip(tmp_path):
     """Bytes round-trip through encode/decode; the stream is the files in path order, each ended by SEP;
     __pycache__ is skipped; every window is a slice of the stream with targets the next ids."""
     rng = np.random.default_rng(int(SEEDS[1]))
-    files = {"b.py": rng.integers(0, 256, 300, dtype=np.uint8).tobytes(), "a/z.txt": "héllo wörld\n".encode(),
-             "a/y.bin": bytes(range(256))}  # fmt: skip
+    files = {
+        "b.py": rng.integers(0, 256, 300, dtype=np.uint8).tobytes(),
+        "a/z.txt": "héllo wörld\n".encode(),
+        "a/y.bin": bytes(range(256)),
+    }
     for name, content in files.items():
         os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
         (tmp_path / name).write_bytes(content)

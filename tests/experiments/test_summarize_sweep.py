@@ -28,13 +28,12 @@ def test_table_rows_from_summaries(tmp_path):
     assert lines[3].split() == ["hybrid", "PA", "123,456", "1.500", "1.000", "-", "98,765", "3.0", "MiB"]
 
 
-def test_a_pattern_cut_to_the_layer_count_shows_the_built_layers(tmp_path):
-    """The hybrid pattern PPPA at 2 layers builds PP: the trainer's summary.json records it and the table shows it."""
+def test_a_pattern_repeated_over_the_layers_shows_the_built_layers(tmp_path):
+    """The pattern PA over 5 layers builds PAPAP: the trainer's summary.json records it and the table shows it."""
     task = SMOKE.tasks["mqar"]
-    model = [*model_overrides("hybrid", SMOKE, 8), "model.n_layers=2"]
+    model = [*model_overrides("hybrid", SMOKE, 8), "model.pattern=PA", "model.n_layers=5"]
     cfg = compose_config([*model, f"data={task.data}", *task.overrides, "trainer.steps=3", "trainer.eval_scales=[1]"])
-    assert cfg.model.pattern == "PPPA"
     written = train(cfg, str(tmp_path / "run0"))
-    assert written["layer_kinds"] == "PP"
+    assert written["layer_kinds"] == "PAPAP"
     (row,) = table(load(str(tmp_path))).splitlines()[2:]
-    assert row.split()[:2] == ["hybrid", "PP"]
+    assert row.split()[:2] == ["hybrid", "PAPAP"]

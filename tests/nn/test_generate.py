@@ -10,9 +10,16 @@ from retention import generate
 from retention.nn import LM, LMConfig
 
 CONFIG = LMConfig(
-    vocab_size=50, d_model=32, n_layers=3, pattern="PWA", n_heads=4, n_kv_heads=2, head_dim=8, window=4,
+    vocab_size=50,
+    d_model=32,
+    n_layers=3,
+    pattern="PWA",
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    window=4,
     chunk_size=16,
-)  # fmt: skip
+)
 
 
 def greedy_by_full_forward(model, prompt, n_new):

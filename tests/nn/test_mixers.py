@@ -45,9 +45,7 @@ def test_cache_sizes():
 def test_rope_is_relative():
     """After RoPE, q_i . k_j depends only on i - j."""
     q, k = jax.random.normal(jax.random.key(0), (2, 1, 1, 1, 16), dtype=jnp.float32)
-    dot = lambda i, j: jnp.sum(
-        apply_rope(q, jnp.array([i]), 10000.0) * apply_rope(k, jnp.array([j]), 10000.0)
-    )
+    dot = lambda i, j: jnp.sum(apply_rope(q, jnp.array([i]), 10000.0) * apply_rope(k, jnp.array([j]), 10000.0))
     assert jnp.allclose(dot(7, 3), dot(104, 100), rtol=1e-5)
     assert not jnp.allclose(dot(7, 3), dot(7, 4), rtol=1e-3)
 

@@ -12,9 +12,17 @@ from retention.nn import model as model_module
 from tests.helpers import rel_err
 
 TINY = LMConfig(
-    vocab_size=50, d_model=32, n_layers=2, pattern="A", n_heads=4, n_kv_heads=2, head_dim=8, window=5,
-    gating=True, chunk_size=16,
-)  # fmt: skip
+    vocab_size=50,
+    d_model=32,
+    n_layers=2,
+    pattern="A",
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    window=5,
+    gating=True,
+    chunk_size=16,
+)
 
 
 def tokens(key, B, T, vocab):
@@ -65,7 +73,8 @@ def test_cache_bytes_constant_for_retention_growing_for_attention():
     sizes = {}
     for pattern in ("P", "A", "W"):
         model = LM(dataclasses.replace(TINY, pattern=pattern), rngs=nnx.Rngs(0))
-        sizes[pattern] = [cache_bytes(jax.eval_shape(lambda: model.init_caches(2, L))) for L in (64, 4096, 1 << 20)]
+        shapes = [jax.eval_shape(lambda m=model, L=L: m.init_caches(2, L)) for L in (64, 4096, 1 << 20)]
+        sizes[pattern] = [cache_bytes(s) for s in shapes]
     assert sizes["P"][0] == sizes["P"][1] == sizes["P"][2]
     assert sizes["W"][0] == sizes["W"][1] == sizes["W"][2]
     assert sizes["A"][0] < sizes["A"][1] < sizes["A"][2]

@@ -18,9 +18,14 @@ def run_pytest_on_devices(path: str, n_devices: int = N_DEVICES, timeout: float 
         "PYTHONUNBUFFERED": "1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
-    )  # fmt: skip
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def require_devices(n_devices: int = N_DEVICES) -> None:

@@ -53,8 +53,9 @@ def test_state_saved_on_one_mesh_restores_on_another(tmp_path):
         ckpt.close()
         assert step == 7 and int(restored["step"]) == 7
         moved = 0
-        for got, want, sharding, before in zip(jax.tree.leaves(restored), jax.tree.leaves(state),
-                                               jax.tree.leaves(shardings), jax.tree.leaves(written_on)):  # fmt: skip
+        for got, want, sharding, before in zip(
+            jax.tree.leaves(restored), jax.tree.leaves(state), jax.tree.leaves(shardings), jax.tree.leaves(written_on)
+        ):
             assert got.sharding == sharding
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
             moved += got.sharding.shard_shape(got.shape) != before.shard_shape(got.shape)
@@ -82,14 +83,19 @@ def test_run_resumed_on_another_mesh_matches_uninterrupted(tmp_path, caplog):
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["mesh.data=3"], r"mesh.data \* mesh.fsdp \* mesh.sequence must equal the device count 8, got mesh.data=3, "
-                          r"mesh.fsdp=1, mesh.sequence=1 \(product 3\)"),
+        (
+            ["mesh.data=3"],
+            r"mesh.data \* mesh.fsdp \* mesh.sequence must equal the device count 8, got mesh.data=3, "
+            r"mesh.fsdp=1, mesh.sequence=1 \(product 3\)",
+        ),
         (["mesh.fsdp=3"], r"mesh.data=-1 needs the other axes' product \(3\) to divide the device count 8"),
         (["mesh.data=-1", "mesh.fsdp=-1"], r"at most one of mesh.data, mesh.fsdp, mesh.sequence may be -1"),
         (["mesh.sequence=0"], r"mesh.sequence must be a positive int or -1 \(the devices left\), got 0"),
         (["mesh.sequence=8", "data.seq_len=12"], r"data.seq_len must be a multiple of mesh.sequence = 8, got 12"),
-        (["mesh.data=8", "data.batch_size=4"],
-         r"data.batch_size must be a multiple of mesh.data \* mesh.fsdp = 8, got 4"),
+        (
+            ["mesh.data=8", "data.batch_size=4"],
+            r"data.batch_size must be a multiple of mesh.data \* mesh.fsdp = 8, got 4",
+        ),
         (["mesh.num_processes=2"], r"mesh.num_processes and mesh.process_id need mesh.coordinator_address"),
     ],
 )

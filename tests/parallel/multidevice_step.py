@@ -29,8 +29,18 @@ def _flat(tree) -> np.ndarray:
 @pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 8)])
 def test_sharded_step_equals_single_device_step(shape):
     seed = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)
-    cfg = compose_config([*TINY, "model.pattern=PAW", "model.n_layers=3", "model.window=5", "data.seq_len=32",
-                          "data.vocab_size=40", "data.batch_size=8", f"seed={seed}"])  # fmt: skip
+    cfg = compose_config(
+        [
+            *TINY,
+            "model.pattern=PAW",
+            "model.n_layers=3",
+            "model.window=5",
+            "data.seq_len=32",
+            "data.vocab_size=40",
+            "data.batch_size=8",
+            f"seed={seed}",
+        ]
+    )
     lm, dataset = build(cfg)
     tx, _ = make_optimizer(cfg.optim, cfg.trainer.steps)
     init = make_init(lm, tx, cfg.seed)
@@ -40,8 +50,9 @@ def test_sharded_step_equals_single_device_step(shape):
     shardings = state_shardings(jax.eval_shape(init), mesh)
     one_step = make_train_step(graphdef, tx, TraceCount())
     traces = TraceCount()
-    sharded_step = make_train_step(graphdef, tx, traces, mesh=mesh, state_shardings=shardings,
-                                   batch_sharding=batch_sharding(mesh))  # fmt: skip
+    sharded_step = make_train_step(
+        graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
+    )
     one, sharded = jax.jit(init)(), jax.jit(init, out_shardings=shardings)()
     assert rel_err(_flat(sharded), _flat(one)) == 0  # the same initial state, only placed differently
     if mesh.shape["fsdp"] > 1:

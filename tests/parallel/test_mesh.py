@@ -13,9 +13,14 @@ from retention.parallel.mesh import cluster_detected
 
 @pytest.mark.parametrize(
     "sizes,n,want",
-    [((-1, 1, 1), 8, (8, 1, 1)), ((2, -1, 2), 8, (2, 2, 2)), ((1, 2, -1), 16, (1, 2, 8)), ((4, 2, 1), 8, (4, 2, 1)),
-     ((-1, 3, 1), 6, (2, 3, 1))],
-)  # fmt: skip
+    [
+        ((-1, 1, 1), 8, (8, 1, 1)),
+        ((2, -1, 2), 8, (2, 2, 2)),
+        ((1, 2, -1), 16, (1, 2, 8)),
+        ((4, 2, 1), 8, (4, 2, 1)),
+        ((-1, 3, 1), 6, (2, 3, 1)),
+    ],
+)
 def test_mesh_shape_fills_the_free_axis(sizes, n, want):
     assert mesh_shape(*sizes, n) == want
 
@@ -66,10 +71,15 @@ def test_fsdp_rule(shape, fsdp, want):
 
 @pytest.mark.parametrize(
     "env,want",
-    [({}, False), ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "1"}, False),
-     ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "4"}, True), ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, False),
-     ({"OMPI_COMM_WORLD_SIZE": "2"}, True), ({"PMI_SIZE": "1"}, False)],
-)  # fmt: skip
+    [
+        ({}, False),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "1"}, False),
+        ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "4"}, True),
+        ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, False),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, True),
+        ({"PMI_SIZE": "1"}, False),
+    ],
+)
 def test_cluster_detection(env, want):
     assert cluster_detected(env) is want
 

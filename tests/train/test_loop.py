@@ -30,8 +30,17 @@ def test_short_run_lowers_loss_and_compiles_once(tmp_path):
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     """A learning rate of 1e30 blows the weights up within a few steps: the run stops with NonFiniteLoss and
     the checkpoints on disk are the finite ones written before."""
-    cfg = compose_config([*TINY, "trainer.steps=50", "trainer.ckpt_every=1", "trainer.keep=50", "optim.lr=1e30",
-                          "optim.clip_norm=1e30", "trainer.eval_scales=[1]"])  # fmt: skip
+    cfg = compose_config(
+        [
+            *TINY,
+            "trainer.steps=50",
+            "trainer.ckpt_every=1",
+            "trainer.keep=50",
+            "optim.lr=1e30",
+            "optim.clip_norm=1e30",
+            "trainer.eval_scales=[1]",
+        ]
+    )
     with pytest.raises(NonFiniteLoss, match="last good checkpoint is step"):
         train(cfg, str(tmp_path))
     steps = sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
