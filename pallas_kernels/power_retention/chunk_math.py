@@ -3,7 +3,7 @@
 Conventions inside a chunk of c tokens (one kv-head): G is the inclusive cumsum of log_g from the chunk's start, given
 as a column Gc [c, 1] and as a row Gr [1, c]; G_end = G[c-1]. q~ = scale q exp(G/2) (the query read against the state
 carried into the chunk), k~ = k exp((G_end - G)/2) (the key written into the state carried out), gamma = exp(G_end).
-Rows a of the expanded state (layout.py) are [d, e] matrices; `a` may be a traced index.
+Rows a of the expanded state (see the package docstring) are [d, e] matrices; `a` may be a traced index.
 """
 
 import jax

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.ops.validation import check_deg
-from retention.nn.layers import SwiGLU, check_heads, check_positive_int, check_rope_base
-from retention.nn.mixers import RETENTION_IMPLS, Attention, PowerRetention
-from retention.ops.power_retention import CHUNK_SIZES, default_chunk_size
-from retention.ops.sympow import sympow_dim
+from retention.nn.layers import SwiGLU, check_heads, check_rope_base
+from retention.nn.mixers import Attention, PowerRetention
+from retention.ops import CHUNK_SIZES, RETENTION_IMPLS, check_deg, sympow_dim
+from retention.ops.power_retention import default_chunk_size
+from retention.validation import check_int
 
 MIXERS = {"P": "power retention", "A": "full attention", "W": "sliding-window attention"}
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -50,7 +50,7 @@ class LMConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "window"):
-            check_positive_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
         if not isinstance(self.pattern, str) or not self.pattern or set(self.pattern) - set(MIXERS):
             raise ValueError(f"pattern must be a non-empty string over the letters {MIXERS}, got {self.pattern!r}")
@@ -119,8 +119,8 @@ def flops_per_token(config: LMConfig, T: int) -> float:
 def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
     """`base` with d_model (a multiple of `multiple`; heads, head dim and layers kept) chosen so the parameter
     count is as close as possible to `target_params`: sizes softmax, retention and hybrid models alike."""
-    check_positive_int("target_params", target_params)
-    check_positive_int("multiple", multiple)
+    check_int("target_params", target_params)
+    check_int("multiple", multiple)
     with_width = lambda width: dataclasses.replace(base, d_model=width)
     lo, hi = 1, 2
     while count_params(with_width(hi * multiple)) < target_params:  # the count grows with d_model
@@ -220,7 +220,7 @@ class LM(nnx.Module):
         """Run a prompt and fill fresh caches for up to max_len tokens in all (compiled per shape).
         Returns (logits [B, T, V], caches) for `decode_step` with steps of up to step_tokens tokens."""
         _check_tokens(tokens_BT, self.config.vocab_size)
-        check_positive_int("max_len", max_len)
+        check_int("max_len", max_len)
         if max_len < tokens_BT.shape[1]:
             raise ValueError(f"max_len must be >= the prompt length {tokens_BT.shape[1]}, got {max_len}")
         graphdef, state = nnx.split(self)

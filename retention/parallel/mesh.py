@@ -3,7 +3,7 @@
 The mesh has three named axes over all devices (of every process): "data" (pure data parallelism: the batch is
 split, parameters replicated), "fsdp" (the batch is split and each parameter is sharded over its largest axis:
 see `sharding.py`) and "sequence" (the tokens of each sequence are split: context parallelism, see
-`retention/ops/context_parallel.py`). Every axis is `AxisType.Auto`: sharding is propagated by XLA, so the
+`retention/ops/*/context_parallel.py`). Every axis is `AxisType.Auto`: sharding is propagated by XLA, so the
 model code runs unchanged under the mesh.
 """
 

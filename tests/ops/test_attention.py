@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import pytest
 
 from retention import init_kv_cache, softmax_attention, softmax_attention_step
-from retention.ops.attention import blockwise_attention, dense_attention
+from retention.ops.attention.blockwise import blockwise_attention
+from retention.ops.attention.reference import dense_attention
 from tests.helpers import f64, random_qkv, rel_err
 
 

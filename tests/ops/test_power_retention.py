@@ -1,6 +1,5 @@
 """The chunked op and the token-by-token recurrence against the quadratic reference in float64."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +7,7 @@ import numpy as np
 import pytest
 
 from retention import init_state, power_retention, power_retention_reference, power_retention_step
-from retention.ops.recurrent import recurrent_scan
+from retention.ops.power_retention.reference import power_retention_recurrence
 from tests.helpers import f64, random_qkv, rel_err
 
 F32_TOL = 2e-5  # DESIGN: float32 well under 1e-4
@@ -47,7 +46,7 @@ RECURRENCE_CASES = [c for c in CASES if not (c[4] == 4 and c[5] == "strong")][:6
 @pytest.mark.parametrize("T,Hq,H,d,deg,gate,chunk", RECURRENCE_CASES)
 def test_recurrence_matches_reference(T, Hq, H, d, deg, gate, chunk):
     q, k, v, log_g = random_qkv(T + 7, 1, T, Hq, H, d, gate=gate)
-    y, _ = recurrent_scan(q, k, v, log_g, init_state(1, H, d, deg), deg=deg, scale=d**-0.5)
+    y, _ = power_retention_recurrence(q, k, v, log_g, init_state(1, H, d, deg), deg=deg, scale=d**-0.5)
     assert rel_err(y, _reference(q, k, v, log_g, deg)) < F32_TOL
 
 
@@ -69,7 +68,7 @@ def test_initial_state_continues_the_sequence(gate, deg):
     y_rest, state_end = power_retention(*(part(x, slice(split, T)) for x in (q, k, v, log_g)), deg=deg,
                                         chunk_size=16, initial_state=state, return_state=True)
     assert rel_err(y_rest, _reference(q, k, v, log_g, deg)[:, split:]) < F32_TOL
-    _, state_all = recurrent_scan(q, k, v, log_g, init_state(2, 2, 6, deg), deg=deg, scale=6**-0.5)
+    _, state_all = power_retention_recurrence(q, k, v, log_g, init_state(2, 2, 6, deg), deg=deg, scale=6**-0.5)
     assert rel_err(state_end.S, state_all.S) < F32_TOL and rel_err(state_end.z, state_all.z) < F32_TOL
 
 

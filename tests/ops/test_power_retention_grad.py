@@ -63,7 +63,7 @@ def test_causality(t):
 
 def test_grouped_state_remat_gives_the_same_values_and_gradients(monkeypatch):
     """Past its state budget the backward keeps only group-boundary states (N = 13 chunks: groups of 4, padded)."""
-    import retention.ops.chunked as chunked
+    from retention.ops.power_retention import chunked
 
     q, k, v, log_g = random_qkv(8, 1, 200, 4, 2, 8, gate="mild")
     cot = jax.random.normal(jax.random.key(3), q.shape, jnp.float64)

@@ -9,12 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import pallas as pl
 from jax._src.mesh import AbstractDevice, AbstractMesh
+from jax.experimental import pallas as pl
 
-from pallas_kernels.power_retention import power_retention_pallas, power_retention_step_pallas
 from retention import init_state, power_retention, power_retention_reference
-from retention.ops.recurrent import RetentionState, chunk_step
+from retention.ops.power_retention.pallas import chunked_pallas, step_pallas
+from retention.ops.power_retention.recurrent import chunk_step
+from retention.ops.power_retention.state import RetentionState
 from tests.helpers import f64, random_qkv, rel_err
 
 F32_TOL = 2e-5
@@ -24,7 +25,7 @@ BF16_TOL = 2e-2
 def _pallas(q, k, v, log_g, state=None, *, chunk, backend):
     B, _, _, d = q.shape
     state = init_state(B, k.shape[2], d) if state is None else state
-    return power_retention_pallas(q, k, v, log_g, state, deg=2, scale=d**-0.5, chunk_size=chunk, backend=backend)
+    return chunked_pallas(q, k, v, log_g, state, deg=2, scale=d**-0.5, chunk_size=chunk, backend=backend)
 
 
 def _reference(q, k, v, log_g):
@@ -113,7 +114,7 @@ def test_decode_matches_reference(n, d, backend):
     t0 = T - n
     _, state = power_retention(q[:, :t0], k[:, :t0], v[:, :t0], log_g[:, :t0], chunk_size=16, return_state=True)
     new = (q[:, t0:], k[:, t0:], v[:, t0:], log_g[:, t0:])
-    step = lambda *a: power_retention_step_pallas(state, *a, deg=2, scale=d**-0.5, backend=backend)
+    step = lambda *a: step_pallas(state, *a, deg=2, scale=d**-0.5, backend=backend)
     (y, state_new), vjp = jax.vjp(step, *new)  # one kernel run gives the outputs and the gradients
     assert rel_err(y, _reference(q, k, v, log_g)[:, t0:]) < F32_TOL
     (_, state_xla), vjp_xla = jax.vjp(lambda *a: chunk_step(state, *a, deg=2, scale=d**-0.5), *new)
@@ -126,10 +127,10 @@ def test_decode_matches_reference(n, d, backend):
 def test_unsupported_settings_raise():
     q, k, v, _ = random_qkv(0, 1, 8, 2, 2, 16)
     with pytest.raises(NotImplementedError, match="deg=4"):
-        power_retention_pallas(q, k, v, None, init_state(1, 2, 16, 4), deg=4, scale=0.25, chunk_size=16)
+        chunked_pallas(q, k, v, None, init_state(1, 2, 16, 4), deg=4, scale=0.25, chunk_size=16)
     q, k, v, _ = random_qkv(0, 1, 8, 2, 2, 24)
     with pytest.raises(ValueError, match="d=24"):
-        power_retention_pallas(q, k, v, None, init_state(1, 2, 24), deg=2, scale=0.2, chunk_size=16, backend="gpu")
+        chunked_pallas(q, k, v, None, init_state(1, 2, 24), deg=2, scale=0.2, chunk_size=16, backend="gpu")
 
 
 # Lowering: nothing is allocated, so realistic head dims cost only tracing time.
@@ -144,11 +145,10 @@ def _kernels(d, backend):
     x = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
     q, kv, log_g = x(B, T, Hq, d), x(B, T, H, d), x(B, T, H, dt=jnp.float32)
     state = jax.eval_shape(lambda: init_state(B, H, d))
-    fwd = lambda q, k, v, g, s: power_retention_pallas(q, k, v, g, s, deg=2, scale=d**-0.5, chunk_size=chunk,
-                                                       interpret=False, backend=backend)
+    fwd = lambda q, k, v, g, s: chunked_pallas(q, k, v, g, s, deg=2, scale=d**-0.5, chunk_size=chunk,
+                                               interpret=False, backend=backend)
     bwd = jax.grad(lambda *a: fwd(*a)[0].astype(jnp.float32).sum(), argnums=(0, 1, 2, 3, 4))
-    dec = lambda s, q, k, v, g: power_retention_step_pallas(s, q, k, v, g, deg=2, scale=d**-0.5, interpret=False,
-                                                            backend=backend)
+    dec = lambda s, q, k, v, g: step_pallas(s, q, k, v, g, deg=2, scale=d**-0.5, interpret=False, backend=backend)
     step = (state, x(B, 1, Hq, d), x(B, 1, H, d), x(B, 1, H, d), x(B, 1, H, dt=jnp.float32))
     return [("forward", fwd, (q, kv, kv, log_g, state)), ("backward", bwd, (q, kv, kv, log_g, state)),
             ("decode", dec, step)]

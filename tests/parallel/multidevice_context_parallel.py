@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from retention import power_retention, power_retention_reference, softmax_attention
-from retention.ops.context_parallel import (
+from retention.ops import (
     power_retention_context_parallel,
     sequence_parallel_size,
     softmax_attention_context_parallel,

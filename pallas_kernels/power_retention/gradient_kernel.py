@@ -1,10 +1,10 @@
-"""The backward per-chunk kernel: dq, dk, dv and dG of one chunk and kv-head from the saved boundary states.
+"""The gradient kernel: dq, dk, dv and dG of one chunk and kv-head from the saved boundary states.
 
 Inputs per chunk n: the forward state carried in (S_before, Z_before) and the gradient of the state carried out
 (dS_after, dZ_after, from the reverse state pass), plus dnum = dy / den and dden = -(dy . y) / den. Row a of the
 expanded state gives: dq~ (read), dk~ and dv (write) and <dS_after, S_before> (the chunk decay's gradient); the last
 grid step adds the z terms, the gate-factor chain rule (q~ = q scale exp(G/2), k~ = k exp((G_end - G)/2),
-gamma = exp(G_end)) and the intra-chunk gradients. Grid (B, H, N, row blocks) as in `read.py`: chunks in parallel,
+gamma = exp(G_end)) and the intra-chunk gradients. Grid (B, H, N, row blocks) as in `output_kernel.py`: chunks in parallel,
 the row blocks a reduction into resident float32 output blocks. The g = Hq / H query heads of a kv-head are
 handled in one program (static loop), since they share dk and dv.
 """
@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.power_retention.chunk_math import (DEG, F32, dot, gate_factors, intra_grads, read_row,
-                                                       read_row_grad)
+from pallas_kernels.power_retention.chunk_math import DEG, F32, dot, gate_factors, intra_grads, read_row, read_row_grad
 from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 
 

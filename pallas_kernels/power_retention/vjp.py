@@ -1,11 +1,11 @@
 """Chunked power retention from the kernels, under `jax.custom_vjp`.
 
 Forward: state pass (k, v; chunks in order) -> boundary states S_before; Z (the normaliser's d x d state, d times
-smaller than S) by a short XLA scan; then the read kernel, parallel over chunks. Saved for the backward: the
-inputs, S_before, Z_before, y and den (no recomputation of states).
+smaller than S) by a short XLA scan; then the output kernel (output_kernel.py), parallel over chunks. Saved for the
+backward: the inputs, S_before, Z_before, y and den (no recomputation of states).
 Backward: dnum = dy / den and dden = -(dy . y) / den (XLA, elementwise); the same state pass on (q, dnum) in reverse
--> dS_after per chunk and the initial state's gradient; dZ by a reverse XLA scan; then the gradient kernel,
-parallel over chunks.
+-> dS_after per chunk and the initial state's gradient; dZ by a reverse XLA scan; then the gradient kernel
+(gradient_kernel.py), parallel over chunks.
 """
 
 from functools import partial
@@ -17,8 +17,8 @@ from einops import rearrange
 
 from pallas_kernels.power_retention.chunk_math import DEG, F32
 from pallas_kernels.power_retention.config import BlockSizes
-from pallas_kernels.power_retention.grads import chunk_grads
-from pallas_kernels.power_retention.read import read_chunks
+from pallas_kernels.power_retention.gradient_kernel import chunk_grads
+from pallas_kernels.power_retention.output_kernel import output_chunks
 from pallas_kernels.power_retention.state_pass import state_pass
 
 
@@ -76,7 +76,7 @@ def _forward(s, q, k, v, G, S0, Z0):
     k_t = rearrange(k.astype(F32) * fk, "B H (N c) d -> B H N c d", c=s.chunk)
     Z_inc = jnp.einsum("bhncx,bhncy->bhnxy", k_t, k_t, precision=s.precision)
     Z_before, Z_final = _scan_Z(Z0, Z_inc, gamma, reverse=False)
-    y, den = read_chunks(q.reshape(B, H * g, Tp, d), k, v, Gc, Gr, S_before, Z_before, scale=s.scale,
+    y, den = output_chunks(q.reshape(B, H * g, Tp, d), k, v, Gc, Gr, S_before, Z_before, scale=s.scale,
                          **_kernel_args(s))
     return (y, S_final, Z_final), (q, k, v, G, S_before, Z_before, y, den)
 
@@ -85,8 +85,7 @@ def _backward(s, res, cts):
     """Gradients w.r.t. (q, k, v, G, S0, Z0) from the cotangents of (y, S_final, Z_final)."""
     q, k, v, G, S_before, Z_before, y, den = res
     dy, dS_final, dZ_final = cts
-    B, H, g, Tp, d = q.shape
-    N = Tp // s.chunk
+    B, H, g, Tp, _ = q.shape
     Gc, Gr, gamma = _gates(G, s.chunk)
     ok = den > 0
     safe_den = jnp.where(ok, den, 1.0)
