@@ -4,17 +4,22 @@ recurrence. Both compute in float64 when the inputs are float64, else float32; f
 Quadratic: s_ij = p * log(|scale q_i . k_j| + 1e-7) + G_i - G_j for j <= i, the row max subtracted, and 1e-6 added
 to the normaliser in that row-max space; O(T^2) memory, no state.
 Recurrence: S_t = g_t S_{t-1} + phi(k_t) v_t^T, z_t = g_t z_{t-1} + phi(k_t), y_t = phi(q_t) S_t / phi(q_t) z_t,
-one token at a time from an initial state; it returns the final state too.
+one token at a time from an initial state; it returns the final state too. Its phi is built from the definition
+(a gather of the monomials' factors), not by `sympow`, so it checks that too.
 """
+
+from functools import cache
+from itertools import combinations_with_replacement
+from math import factorial, prod
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from einops import rearrange
 from jaxtyping import Array, Float
 
 from retention.ops.power_retention.chunk_math import normalise
 from retention.ops.power_retention.state import RetentionState, augment, init_state, split
-from retention.ops.power_retention.sympow import sympow
 
 
 def _compute_dtype(x):
@@ -49,14 +54,29 @@ def power_retention_reference(
     return rearrange(y, "B H g T d -> B T (H g) d").astype(v.dtype)
 
 
+@cache
+def _monomials(d: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """The factors [D, p] of each monomial of degree p in d variables (i1 <= ... <= ip, lexicographic: phi's
+    order) and sqrt of its multinomial coefficient [D]."""
+    factors = list(combinations_with_replacement(range(d), p))
+    weights = [factorial(p) / prod(factorial(f.count(i)) for i in set(f)) for f in factors]
+    return np.asarray(factors), np.sqrt(weights)
+
+
+def _phi(x: Float[Array, "... d"], p: int) -> Float[Array, "... D"]:
+    """phi(x) from its definition: each monomial's factors gathered and multiplied, times its weight."""
+    factors, weights = _monomials(x.shape[-1], p)
+    return jnp.prod(x[..., factors], axis=-1) * jnp.asarray(weights, x.dtype)
+
+
 def _token(S_aug, q_BHgd, k_BHd, v_aug_BHe, log_g_BH, deg):
     """One token: read the decayed old state plus the new token's own term (q.k)^p [v|1] (exact, with no
     cancellation across features), then write the token. Returns (S_aug, y_aug [B, H, g, e])."""
     decay_BH = jnp.exp(log_g_BH)
     own_BHg = jnp.einsum("bhgd,bhd->bhg", q_BHgd, k_BHd) ** deg
-    y_aug = decay_BH[..., None, None] * jnp.einsum("bhgD,bhDe->bhge", sympow(q_BHgd, deg), S_aug)
+    y_aug = decay_BH[..., None, None] * jnp.einsum("bhgD,bhDe->bhge", _phi(q_BHgd, deg), S_aug)
     y_aug = y_aug + own_BHg[..., None] * v_aug_BHe[:, :, None, :]
-    S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhD,bhe->bhDe", sympow(k_BHd, deg), v_aug_BHe)
+    S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhD,bhe->bhDe", _phi(k_BHd, deg), v_aug_BHe)
     return S_aug, y_aug
 
 
