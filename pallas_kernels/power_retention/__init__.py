@@ -31,11 +31,11 @@ arithmetic is shared (chunk_math.py); block sizes and compiler settings per back
 
 from pallas_kernels.power_retention.chunked import chunked_retention
 from pallas_kernels.power_retention.config import (
-                                                   BlockSizes,
-                                                   check_supported,
-                                                   default_block_sizes,
-                                                   matmul_precision,
-                                                   resolve_backend,
+    BlockSizes,
+    check_supported,
+    default_block_sizes,
+    matmul_precision,
+    resolve_backend,
 )
 from pallas_kernels.power_retention.decode import decode_state_pass
 

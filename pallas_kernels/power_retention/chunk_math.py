@@ -39,8 +39,9 @@ def last_row(x):
 
 def gate_factors(Gc, Gr, scale):
     """(q factor scale exp(G/2) [c, 1], k factor exp((G_end - G)/2) [c, 1], gamma exp(G_end) [1, 1])."""
-    G_end = jnp.sum(jnp.where(jax.lax.broadcasted_iota(jnp.int32, Gr.shape, 1) == Gr.shape[1] - 1, Gr, 0.0),
-                    axis=1, keepdims=True)
+    G_end = jnp.sum(
+        jnp.where(jax.lax.broadcasted_iota(jnp.int32, Gr.shape, 1) == Gr.shape[1] - 1, Gr, 0.0), axis=1, keepdims=True
+    )
     return scale * jnp.exp(Gc / DEG), jnp.exp((G_end - Gc) / DEG), jnp.exp(G_end)
 
 

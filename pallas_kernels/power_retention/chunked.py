@@ -42,8 +42,10 @@ def chunked_retention(
     blocks = block_sizes or default_block_sizes(backend, d)
     check_supported(2, d, Hq // H, backend, c)
     if backend == "gpu" and blocks.rows(d)[1] != d:
-        raise ValueError(f"BlockSizes.read_rows={blocks.read_rows}: on GPU the output and gradient kernels loop over "
-                         f"all d={d} rows in one program (grid programs cannot accumulate into one block); use None")
+        raise ValueError(
+            f"BlockSizes.read_rows={blocks.read_rows}: on GPU the output and gradient kernels loop over "
+            f"all d={d} rows in one program (grid programs cannot accumulate into one block); use None"
+        )
     N = -(-T // c)
     pad = [(0, 0), (0, N * c - T), (0, 0), (0, 0)]
     q_BHgTd = rearrange(jnp.pad(q, pad), "B T (H g) d -> B H g T d", H=H)

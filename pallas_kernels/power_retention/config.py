@@ -67,7 +67,8 @@ def check_supported(deg: int, d: int, g: int, backend: str, chunk: int | None = 
     if deg not in SUPPORTED_DEGREES:
         raise NotImplementedError(
             f"deg={deg}: the Pallas kernels support degrees {SUPPORTED_DEGREES} (the expanded degree-4 state, d^4 x d "
-            f"floats, does not fit on chip); use impl='xla'")
+            f"floats, does not fit on chip); use impl='xla'"
+        )
     pow2 = lambda n: n >= 1 and n & (n - 1) == 0
     if backend == "gpu":
         if not (pow2(d) and d >= 16):

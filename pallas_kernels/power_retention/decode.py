@@ -92,17 +92,28 @@ def decode_state_pass(
     blocks = block_sizes or default_block_sizes(backend, d)
     cols = blocks.cols(e)
     rows_q, rows_k = _rows_for(m, backend), _rows_for(n, backend)
-    spec = lambda rows, width, by_col: pl.BlockSpec((None, None, rows, width),
-                                                    lambda b, h, c: (b, h, 0, c if by_col else 0))
+    spec = lambda rows, width, by_col: pl.BlockSpec(
+        (None, None, rows, width), lambda b, h, c: (b, h, 0, c if by_col else 0)
+    )
     read, S = pl.pallas_call(
         partial(_kernel, masked_store=backend == "gpu", precision=precision),
         grid=(B, H, e // cols),
-        in_specs=[spec(rows_q, d, False), spec(rows_k, d, False), spec(rows_k, cols, True), spec(1, 1, False),
-                  spec(D, cols, True)],
+        in_specs=[
+            spec(rows_q, d, False),
+            spec(rows_k, d, False),
+            spec(rows_k, cols, True),
+            spec(1, 1, False),
+            spec(D, cols, True),
+        ],
         out_specs=[spec(rows_q, cols, True), spec(D, cols, True)],
         out_shape=(jax.ShapeDtypeStruct((B, H, rows_q, e), F32), jax.ShapeDtypeStruct((B, H, D, e), F32)),
         compiler_params=compiler_params(backend, blocks, ("parallel", "parallel", "parallel"), decode=True),
         interpret=resolve_interpret(interpret),
-    )(_pad_rows(q_t.astype(F32), rows_q), _pad_rows(k_t.astype(F32), rows_k), _pad_rows(v.astype(F32), rows_k),
-      gamma.astype(F32)[..., None, None], S.astype(F32))
+    )(
+        _pad_rows(q_t.astype(F32), rows_q),
+        _pad_rows(k_t.astype(F32), rows_k),
+        _pad_rows(v.astype(F32), rows_k),
+        gamma.astype(F32)[..., None, None],
+        S.astype(F32),
+    )
     return read[:, :, :m], S

@@ -28,8 +28,28 @@ def _total(x):
     return jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
 
 
-def _kernel(q_ref, k_ref, v_ref, Gc_ref, Gr_ref, dnum_ref, dden_ref, ddenr_ref, S_ref, dS_ref, Z_ref, dZ_ref,
-            dq_ref, dk_ref, dv_ref, dGq_ref, dGk_ref, *, scale, precision):
+def _kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    Gc_ref,
+    Gr_ref,
+    dnum_ref,
+    dden_ref,
+    ddenr_ref,
+    S_ref,
+    dS_ref,
+    Z_ref,
+    dZ_ref,
+    dq_ref,
+    dk_ref,
+    dv_ref,
+    dGq_ref,
+    dGk_ref,
+    *,
+    scale,
+    precision,
+):
     """Accumulate the state rows' gradients; on the last step finish dq, dk, dv, dGq, dGk for the chunk."""
     j, n_steps = pl.program_id(3), pl.num_programs(3)
     rows, g = S_ref.shape[0], q_ref.shape[0]
@@ -81,16 +101,35 @@ def _kernel(q_ref, k_ref, v_ref, Gc_ref, Gr_ref, dnum_ref, dden_ref, ddenr_ref, 
         for r in range(g):
             dden = dden_ref[r]
             dq_t = dq_ref[r] + 2.0 * dden * dot(qs_t[r], Z, precision)
-            dq_i, dk_i, dv_i, dGq_i, dGk_i = intra_grads(qs[r], k, v, Gc, Gr, dnums[r], dden, ddenr_ref[r], scale,
-                                                          precision)
+            dq_i, dk_i, dv_i, dGq_i, dGk_i = intra_grads(
+                qs[r], k, v, Gc, Gr, dnums[r], dden, ddenr_ref[r], scale, precision
+            )
             dq_ref[r] = dq_t * fq + dq_i
             dGq_ref[r] = jnp.sum(dq_t * qs_t[r], axis=1, keepdims=True) / DEG + dGq_i
             dk, dv, dGk = dk + dk_i, dv + dv_i, dGk + dGk_i
         dk_ref[...], dv_ref[...], dGk_ref[...] = dk, dv, dGk
 
 
-def chunk_grads(q, k, v, Gc, Gr, dnum, dden, dden_row, S_before, dS_after, Z_before, dZ_after, *, scale: float,
-                backend: str, blocks: BlockSizes, precision, interpret: bool):
+def chunk_grads(
+    q,
+    k,
+    v,
+    Gc,
+    Gr,
+    dnum,
+    dden,
+    dden_row,
+    S_before,
+    dS_after,
+    Z_before,
+    dZ_after,
+    *,
+    scale: float,
+    backend: str,
+    blocks: BlockSizes,
+    precision,
+    interpret: bool,
+):
     """Per-chunk gradients. q [B, H, g, Tp, d], k and v [B, H, Tp, d], Gc [B, H, N, c, 1], Gr [B, H, N, 1, c],
     dnum [B, H, g, Tp, e], dden [B, H, g, Tp, 1], dden_row [B, H, g, N, 1, c], S_before and dS_after
     [B, H, N, d, d, e], Z_before and dZ_after [B, H, N, d, d]. Returns float32 (dq [B, H, g, Tp, d],

@@ -45,6 +45,7 @@ def _gates(G, chunk):
 
 def _scan_Z(Z0, inc_BHNdd, gamma_BHN, reverse):
     """Z <- gamma_n Z + inc_n over chunks (reversed if asked); returns (Z before each chunk [B, H, N, d, d], final)."""
+
     def body(Z, xs):
         gamma_BH, inc = xs
         return gamma_BH[..., None, None] * Z + inc, Z
@@ -71,13 +72,15 @@ def _forward(s, q, k, v, G, S0, Z0):
     B, H, g, Tp, d = q.shape
     Gc, Gr, gamma = _gates(G, s.chunk)
     fk = rearrange(jnp.exp((Gr[..., 0, -1:] - Gr[..., 0, :]) / DEG), "B H N c -> B H (N c) 1")
-    S_before, S_final = state_pass(k[:, :, None], v[:, :, None], fk, gamma[..., None, None], S0, chunk=s.chunk,
-                                   reverse=False, **_kernel_args(s))
+    S_before, S_final = state_pass(
+        k[:, :, None], v[:, :, None], fk, gamma[..., None, None], S0, chunk=s.chunk, reverse=False, **_kernel_args(s)
+    )
     k_t = rearrange(k.astype(F32) * fk, "B H (N c) d -> B H N c d", c=s.chunk)
     Z_inc = jnp.einsum("bhncx,bhncy->bhnxy", k_t, k_t, precision=s.precision)
     Z_before, Z_final = _scan_Z(Z0, Z_inc, gamma, reverse=False)
-    y, den = output_chunks(q.reshape(B, H * g, Tp, d), k, v, Gc, Gr, S_before, Z_before, scale=s.scale,
-                         **_kernel_args(s))
+    y, den = output_chunks(
+        q.reshape(B, H * g, Tp, d), k, v, Gc, Gr, S_before, Z_before, scale=s.scale, **_kernel_args(s)
+    )
     return (y, S_final, Z_final), (q, k, v, G, S_before, Z_before, y, den)
 
 
@@ -92,15 +95,17 @@ def _backward(s, res, cts):
     dnum = jnp.where(ok, dy / safe_den, 0.0).reshape(B, H, g, Tp, -1)
     dden = jnp.where(ok, -jnp.sum(dy * y, axis=-1, keepdims=True) / safe_den, 0.0).reshape(B, H, g, Tp, 1)
     fq = s.scale * jnp.exp(G / DEG)[..., None]
-    dS_after, dS0 = state_pass(q, dnum, fq, gamma[..., None, None], _symmetrise(dS_final), chunk=s.chunk,
-                               reverse=True, **_kernel_args(s))
+    dS_after, dS0 = state_pass(
+        q, dnum, fq, gamma[..., None, None], _symmetrise(dS_final), chunk=s.chunk, reverse=True, **_kernel_args(s)
+    )
     q_t = rearrange(q.astype(F32) * fq[:, :, None], "B H g (N c) d -> B H g N c d", c=s.chunk)
     dden_c = rearrange(dden, "B H g (N c) 1 -> B H g N c", c=s.chunk)
     Z_inc = jnp.einsum("bhgncx,bhgnc,bhgncy->bhnxy", q_t, dden_c, q_t, precision=s.precision)
     dZ_after, dZ0 = _scan_Z(_symmetrise(dZ_final), Z_inc, gamma, reverse=True)
     dden_row = dden_c[..., None, :]
-    dq, dk, dv, dGq, dGk = chunk_grads(q, k, v, Gc, Gr, dnum, dden, dden_row, S_before, dS_after, Z_before,
-                                       dZ_after, scale=s.scale, **_kernel_args(s))
+    dq, dk, dv, dGq, dGk = chunk_grads(
+        q, k, v, Gc, Gr, dnum, dden, dden_row, S_before, dS_after, Z_before, dZ_after, scale=s.scale, **_kernel_args(s)
+    )
     dG = dGk[..., 0] + jnp.sum(dGq[..., 0], axis=2)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dG, dS0, dZ0
 

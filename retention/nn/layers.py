@@ -27,9 +27,7 @@ def check_rope_base(rope_base, head_dim: int, *, names=("rope_base", "head_dim")
         raise ValueError(f"RoPE needs an even {names[1]}, got {names[1]}={head_dim} (or set {names[0]}=None)")
 
 
-def apply_rope(
-    x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float
-) -> Float[Array, "B T H d"]:
+def apply_rope(x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float) -> Float[Array, "B T H d"]:
     """Rotary position embedding (GPT-NeoX layout): rotates each pair (x_i, x_{i+d/2}) by the angle
     position * base^(-2i/d). `positions` is [T] (shared by the batch) or [B, T]; computed in float32."""
     d = x_BTHd.shape[-1]

@@ -24,13 +24,15 @@ def resolve_sequence_mesh(mesh, axis: str, batch_axes, B: int, T: int):
         raise ValueError(f"axis must name a mesh axis, one of {tuple(mesh.axis_names)}, got {axis!r}")
     n = mesh.shape[axis]
     if T % n:
-        raise ValueError(f"the sequence length (q.shape[1]) must be a multiple of the mesh axis {axis!r} of size "
-                         f"{n}, got T={T}")
+        raise ValueError(
+            f"the sequence length (q.shape[1]) must be a multiple of the mesh axis {axis!r} of size {n}, got T={T}"
+        )
     batch_axes = tuple(a for a in mesh.axis_names if a != axis) if batch_axes is None else tuple(batch_axes)
     if axis in batch_axes or set(batch_axes) - set(mesh.axis_names):
         raise ValueError(f"batch_axes must name mesh axes other than {axis!r}, got {batch_axes}")
     rows = math.prod(mesh.shape[a] for a in batch_axes)
     if B % rows:
-        raise ValueError(f"the batch (q.shape[0]) must be a multiple of the mesh axes {batch_axes} of size {rows}, "
-                         f"got B={B}")
+        raise ValueError(
+            f"the batch (q.shape[0]) must be a multiple of the mesh axes {batch_axes} of size {rows}, got B={B}"
+        )
     return mesh, n, (batch_axes or None)

@@ -29,9 +29,7 @@ def check_qkv(q, k, v) -> None:
     if T < 1:
         raise ValueError(f"q must hold at least one token, got T={T}")
     if Hq % k.shape[2]:
-        raise ValueError(
-            f"query heads must be a multiple of kv heads (GQA), got q heads {Hq} and k heads {k.shape[2]}"
-        )
+        raise ValueError(f"query heads must be a multiple of kv heads (GQA), got q heads {Hq} and k heads {k.shape[2]}")
 
 
 def check_scale(scale) -> None:

@@ -97,7 +97,7 @@ def _state_from(prefix, deg: int) -> RetentionState:
     return RetentionState(jnp.asarray(S, jnp.float32), jnp.asarray(z, jnp.float32))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inputs(case: Case):
     """((q, k, v, log_g or None, state0 or None), prefix): q, k, v standard normal in the case's dtype, log_g and the
     state float32, and the prefix (q, k, v, log_g) the state was made from (None without init). Fresh random values
@@ -115,7 +115,7 @@ def inputs(case: Case):
     return (*(part(x, slice(P, T)) for x in (q, k, v, log_g)), state0), prefix
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cotangents(case: Case):
     """Random float32 cotangents for y [B, T, Hq, d], S [B, H, D, d] and z [B, H, D]."""
     D = sympow_dim(case.d, case.deg)
@@ -156,7 +156,7 @@ def _recurrence(q, k, v, log_g, state0, *, deg):
     return power_retention_recurrence(q, k, v, log_g, state0, deg=deg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def oracle(case: Case):
     """float64: (y of the quadratic reference, and the recurrence's (y, state, gradients))."""
     (q, k, v, log_g, state0), prefix = inputs(case)

@@ -94,8 +94,10 @@ def test_recurrence_gradients_match_the_reference(case):
         full = [jnp.concatenate([p, a], axis=1) for p, a in zip(f64(*prefix), x)]
         return power_retention_reference(*full, deg=case.deg)[:, PREFIX:]
 
-    grads, grads_ref = (jax.jit(jax.grad(lambda *x, fn=fn: jnp.vdot(fn(*x), ct), (0, 1, 2, 3)))(*f64(q, k, v, log_g))
-                        for fn in (recurrence, reference))
+    grads, grads_ref = (
+        jax.jit(jax.grad(lambda *x, fn=fn: jnp.vdot(fn(*x), ct), (0, 1, 2, 3)))(*f64(q, k, v, log_g))
+        for fn in (recurrence, reference)
+    )
     for name, a, b in zip("q k v log_g".split(), grads, grads_ref):
         assert rel_err(a, b) < REFERENCE_FLOOR, name
 

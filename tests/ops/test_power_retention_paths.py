@@ -20,8 +20,9 @@ from tests.ops.cases import case_ids, check_path, stepped
 @pytest.mark.parametrize("case", case_ids())
 def test_chunked(case):
     def path(q, k, v, log_g, state0):
-        return power_retention(q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0,
-                               return_state=True, impl="xla")
+        return power_retention(
+            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, impl="xla"
+        )
 
     check_path(case, path)
 

@@ -30,7 +30,8 @@ def test_interpret_mode_poisons_outputs_with_nan():
         o_ref[:4] = x_ref[:4]
 
     out = pl.pallas_call(write_first_half, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), interpret=True)(
-        jnp.ones((8, 128), jnp.float32))
+        jnp.ones((8, 128), jnp.float32)
+    )
     assert np.all(np.asarray(out[:4]) == 1) and np.all(np.isnan(np.asarray(out[4:])))
 
 
@@ -76,8 +77,9 @@ def test_unsupported_settings_raise():
 
 # Lowering: nothing is allocated, so realistic head dims cost only tracing time.
 
-H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind="NVIDIA H200", num_cores=None,
-                                                                  platform="cuda"))
+H200 = AbstractMesh(
+    (1,), ("x",), abstract_device=AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
+)
 
 
 def _kernels(d, backend):
@@ -86,13 +88,17 @@ def _kernels(d, backend):
     x = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
     q, kv, log_g = x(B, T, Hq, d), x(B, T, H, d), x(B, T, H, dt=jnp.float32)
     state = jax.eval_shape(lambda: init_state(B, H, d))
-    fwd = lambda q, k, v, g, s: chunked_pallas(q, k, v, g, s, deg=2, scale=d**-0.5, chunk_size=chunk,
-                                               interpret=False, backend=backend)
+    fwd = lambda q, k, v, g, s: chunked_pallas(
+        q, k, v, g, s, deg=2, scale=d**-0.5, chunk_size=chunk, interpret=False, backend=backend
+    )
     bwd = jax.grad(lambda *a: fwd(*a)[0].astype(jnp.float32).sum(), argnums=(0, 1, 2, 3, 4))
     dec = lambda s, q, k, v, g: step_pallas(s, q, k, v, g, deg=2, scale=d**-0.5, interpret=False, backend=backend)
     step = (state, x(B, 1, Hq, d), x(B, 1, H, d), x(B, 1, H, d), x(B, 1, H, dt=jnp.float32))
-    return [("forward", fwd, (q, kv, kv, log_g, state)), ("backward", bwd, (q, kv, kv, log_g, state)),
-            ("decode", dec, step)]
+    return [
+        ("forward", fwd, (q, kv, kv, log_g, state)),
+        ("backward", bwd, (q, kv, kv, log_g, state)),
+        ("decode", dec, step),
+    ]
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -107,6 +113,8 @@ def test_kernels_lower_for_h200_through_triton(d):
     with jax.sharding.use_abstract_mesh(H200):
         for name, f, args in _kernels(d, "gpu"):
             exported = jax.export.export(
-                jax.jit(f), platforms=["cuda"],
-                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(*args)
+                jax.jit(f),
+                platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+            )(*args)
             assert "__gpu$xla.gpu.triton" in exported.mlir_module(), name

@@ -22,9 +22,9 @@ from tests.parallel.common import N_DEVICES, require_devices
 
 require_devices()
 
-CP_TOL = 1e-5  # against the single-device op (float32)
+CP_TOL = 1e-5  # against the single-device op (float32): outputs, states, the initial state's gradients
 CP_ORACLE_TOL = 1e-4  # against the float64 oracles (float32; strong gates reach ~1e-5)
-CP_GRAD_TOL = 1e-4  # gradients against the single-device op's
+CP_GRAD_TOL = 1e-4  # gradients in q, k, v, log_g against the single-device op's (strong gates: ~1e-5)
 
 
 def _cotangent(seed, shape):
@@ -67,12 +67,14 @@ def test_power_retention_on_the_case_table(case):
     mesh = make_mesh(*_mesh_shape(case))
 
     def cp(q, k, v, log_g, state0):
-        return power_retention_context_parallel(q, k, v, log_g, deg=case.deg, chunk_size=case.chunk,
-                                                initial_state=state0, return_state=True, mesh=mesh)
+        return power_retention_context_parallel(
+            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, mesh=mesh
+        )
 
     def one(q, k, v, log_g, state0):
-        return power_retention(q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0,
-                               return_state=True, impl="xla")
+        return power_retention(
+            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, impl="xla"
+        )
 
     float32 = case.tol == F32_TOL
     y, state, grads = check_path(case, cp, tol=CP_ORACLE_TOL if float32 else case.tol)
@@ -81,7 +83,7 @@ def test_power_retention_on_the_case_table(case):
     for name, a, b in (("y", y, y_one), ("S", state.S, state_one.S), ("z", state.z, state_one.z)):
         assert rel_err(a, b) < tol, name
     for name in grads:
-        assert rel_err(grads[name], grads_one[name]) < grad_tol, name
+        assert rel_err(grads[name], grads_one[name]) < (tol if name in ("S0", "z0") else grad_tol), name
 
 
 def test_ambient_mesh_and_collectives():

@@ -30,7 +30,9 @@ def init_kv_cache(batch: int, heads: int, head_dim: int, max_len: int, dtype=jnp
         check_int(name, value)
     shape = (batch, heads, max_len, head_dim)
     return KVCache(
-        k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), pos=jnp.full((max_len,), -1, jnp.int32),
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        pos=jnp.full((max_len,), -1, jnp.int32),
         length=jnp.zeros((), jnp.int32),
     )
 

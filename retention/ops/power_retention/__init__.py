@@ -13,13 +13,13 @@ from retention.ops.power_retention.reference import power_retention_recurrence, 
 from retention.ops.power_retention.state import RetentionState, init_state
 from retention.ops.power_retention.sympow import sympow, sympow_dim
 from retention.ops.power_retention.validation import (
-                                                      CHUNK_SIZES,
-                                                      DEFAULT_CHUNK_SIZE,
-                                                      RETENTION_IMPLS,
-                                                      STATE_IMPLS,
-                                                      check_chunk_size,
-                                                      check_deg,
-                                                      default_chunk_size,
+    CHUNK_SIZES,
+    DEFAULT_CHUNK_SIZE,
+    RETENTION_IMPLS,
+    STATE_IMPLS,
+    check_chunk_size,
+    check_deg,
+    default_chunk_size,
 )
 
 __all__ = [

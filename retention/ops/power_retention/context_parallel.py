@@ -118,8 +118,18 @@ def power_retention_context_parallel(
         a_before, S_in = _exclusive_prefix(a_loc, S_loc, axis, n)
         if has_init:  # the state from before the sequence, decayed over the devices before this one
             S_in = S_in + jnp.exp(a_before)[..., None, None] * S0_aug
-        y, state = power_retention(q, k, v, log_g if gated else None, deg=deg, scale=scale, chunk_size=c,
-                                   initial_state=split(S_in), return_state=True, impl=impl)
+        y, state = power_retention(
+            q,
+            k,
+            v,
+            log_g if gated else None,
+            deg=deg,
+            scale=scale,
+            chunk_size=c,
+            initial_state=split(S_in),
+            return_state=True,
+            impl=impl,
+        )
         if not return_state:
             return y
         last = jax.lax.axis_index(axis) == n - 1  # the last device's final state is the sequence's

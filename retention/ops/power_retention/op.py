@@ -116,7 +116,17 @@ def power_retention_step(
     B, n, _, d = q.shape
     check_state(state, B, k.shape[2], d, deg, "state")
     if n > (chunk_size or DEFAULT_CHUNK_SIZE):
-        return power_retention(q, k, v, log_g, deg=deg, scale=scale, chunk_size=chunk_size, initial_state=state,
-                               return_state=True, impl=impl)
+        return power_retention(
+            q,
+            k,
+            v,
+            log_g,
+            deg=deg,
+            scale=scale,
+            chunk_size=chunk_size,
+            initial_state=state,
+            return_state=True,
+            impl=impl,
+        )
     run = step_pallas if _use_pallas(impl, q, k, deg, None) else chunk_step
     return run(state, q, k, v, log_g, deg=deg, scale=scale)

@@ -31,14 +31,37 @@ def pallas_supports(deg: int, d: int, g: int, chunk: int | None = None, backend:
     return True
 
 
-def chunked_pallas(q, k, v, log_g, state: RetentionState, *, deg: int, scale: float, chunk_size: int,
-                   backend: str | None = None, interpret: bool | None = None, block_sizes: BlockSizes | None = None):
-    """`power_retention_chunked` on the kernels: (y in v's dtype, the final state). Inputs validated by the op;
-    `backend` ('gpu' or 'tpu', None: the default device's) and `interpret` (None: on CPU) as in the kernels."""
+def chunked_pallas(
+    q,
+    k,
+    v,
+    log_g,
+    state: RetentionState,
+    *,
+    deg: int,
+    scale: float,
+    chunk_size: int,
+    backend: str | None = None,
+    interpret: bool | None = None,
+    block_sizes: BlockSizes | None = None,
+):
+    """`power_retention_chunked` on the kernels: (y in v's dtype, the final state), shapes as `power_retention`'s.
+    Inputs validated by the op; `backend` ('gpu' or 'tpu', None: the default device's), `interpret` (None: on CPU)
+    and `block_sizes` (None: the backend's defaults) as in the kernels."""
     Hq, d = q.shape[2:]
     check_pallas(deg, d, Hq // k.shape[2], chunk_size, backend)
-    y, S_exp, Z = kernels.chunked_retention(q, k, v, log_g, *to_expanded(state), scale=scale, chunk_size=chunk_size,
-                                            interpret=interpret, block_sizes=block_sizes, backend=backend)
+    y, S_exp, Z = kernels.chunked_retention(
+        q,
+        k,
+        v,
+        log_g,
+        *to_expanded(state),
+        scale=scale,
+        chunk_size=chunk_size,
+        interpret=interpret,
+        block_sizes=block_sizes,
+        backend=backend,
+    )
     return y, from_expanded(S_exp, Z)
 
 
@@ -46,8 +69,9 @@ def chunked_pallas(q, k, v, log_g, state: RetentionState, *, deg: int, scale: fl
 def _kernel_state_pass(q_t, k_t, u, gamma, S, options):
     """The decode kernel's (read, updated S); `options` = (precision, backend, interpret, block_sizes)."""
     precision, backend, interpret, block_sizes = options
-    return kernels.decode_state_pass(q_t, k_t, u, gamma, S, precision=precision, interpret=interpret,
-                                     block_sizes=block_sizes, backend=backend)
+    return kernels.decode_state_pass(
+        q_t, k_t, u, gamma, S, precision=precision, interpret=interpret, block_sizes=block_sizes, backend=backend
+    )
 
 
 def _kernel_state_pass_fwd(q_t, k_t, u, gamma, S, options):
@@ -61,10 +85,22 @@ def _kernel_state_pass_bwd(options, residuals, cotangents):
 _kernel_state_pass.defvjp(_kernel_state_pass_fwd, _kernel_state_pass_bwd)
 
 
-def step_pallas(state: RetentionState, q, k, v, log_g, *, deg: int, scale: float, backend: str | None = None,
-                interpret: bool | None = None, block_sizes: BlockSizes | None = None):
-    """`chunk_step` with the decode kernel's pass over S: (y in v's dtype, the updated state). Inputs validated by
-    the op; `backend`, `interpret` as in `chunked_pallas`."""
+def step_pallas(
+    state: RetentionState,
+    q,
+    k,
+    v,
+    log_g,
+    *,
+    deg: int,
+    scale: float,
+    backend: str | None = None,
+    interpret: bool | None = None,
+    block_sizes: BlockSizes | None = None,
+):
+    """`chunk_step` with the decode kernel's pass over S: (y in v's dtype, the updated state), shapes as
+    `power_retention_step`'s. Inputs validated by the op; `backend`, `interpret`, `block_sizes` as in
+    `chunked_pallas`."""
     check_pallas(deg, q.shape[-1], q.shape[2] // k.shape[2], None, backend)
     options = (kernels.matmul_precision(q.dtype), backend, interpret, block_sizes)
     state_pass = lambda *args: _kernel_state_pass(*args, options)
