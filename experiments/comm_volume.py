@@ -1,7 +1,7 @@
 """Bytes exchanged per training step, per layer, by context parallelism: power retention's state scan against
 softmax attention's gathered K/V, at 64k to 1M tokens split over n devices.
 
-Counted analytically (the collectives of `retention/ops/context_parallel.py`), per layer, for a batch of B
+Counted analytically (the collectives of `retention/ops/*/context_parallel.py`), per layer, for a batch of B
 sequences of T tokens on a "sequence" axis of n devices:
 - power retention: an exclusive associative scan of (log-decay, state) by collective-permute, 1 + ceil(log2 n)
   rounds; in each round a device receives at most one state and its log-decay, B*H*(D*(d+1) + 1) float32 numbers
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from experiments.formatting import human_bytes, tokens
 from retention import sympow_dim
-from retention.ops.context_parallel import power_retention_context_parallel, softmax_attention_context_parallel
+from retention.ops import power_retention_context_parallel, softmax_attention_context_parallel
 from retention.parallel import make_mesh
 
 CONTEXTS = tuple(65536 * 2**i for i in range(5))  # 64k .. 1M tokens

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from experiments.timing import median_seconds
-from pallas_kernels.power_retention import power_retention_pallas, power_retention_step_pallas
 from retention import init_kv_cache, init_state, power_retention, power_retention_step, softmax_attention_step
 
 
@@ -37,13 +36,7 @@ def inputs(seed, B, T, H, d, dtype):
 
 def pallas_op(chunk):
     """(y, state) of the kernels from an empty state."""
-
-    def op(q, k, v, log_g):
-        B, _, _, d = q.shape
-        state = init_state(B, k.shape[2], d)
-        return power_retention_pallas(q, k, v, log_g, state, deg=2, scale=d**-0.5, chunk_size=chunk)
-
-    return op
+    return lambda q, k, v, log_g: power_retention(q, k, v, log_g, chunk_size=chunk, return_state=True, impl="pallas")
 
 
 def xla_op(chunk):
@@ -97,8 +90,8 @@ def decode_times(context, H, d, n_steps, repeats):
     """Seconds per token for the Pallas step and for softmax against a KV cache holding `context` tokens."""
     B = 1
     q, k, v, log_g = inputs(2, B, 1, H, d, jnp.bfloat16)
-    pallas_step = lambda s, q, k, v, g: power_retention_step_pallas(s, q, k, v, g, deg=2, scale=d**-0.5)
-    xla_step = lambda s, q, k, v, g: power_retention_step(s, q, k, v, g)
+    pallas_step = lambda s, q, k, v, g: power_retention_step(s, q, k, v, g, impl="pallas")
+    xla_step = lambda s, q, k, v, g: power_retention_step(s, q, k, v, g, impl="xla")
     softmax_step = lambda c, q, k, v, g: softmax_attention_step(c, q, k, v)
     cache = init_kv_cache(B, H, d, context + n_steps, jnp.bfloat16)
     slots = jnp.arange(context + n_steps, dtype=jnp.int32)

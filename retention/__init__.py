@@ -1,5 +1,17 @@
 """retention: power retention, a linear attention with a fixed-size state, and softmax baselines, in JAX."""
 
+from retention.generate import generate
+from retention.nn import (
+    LM,
+    Attention,
+    LMCache,
+    LMConfig,
+    PowerRetention,
+    cache_bytes,
+    count_params,
+    flops_per_token,
+    size_config,
+)
 from retention.ops import (
     KVCache,
     RetentionState,
@@ -13,18 +25,6 @@ from retention.ops import (
     sympow,
     sympow_dim,
 )
-from retention.nn import (
-    LM,
-    Attention,
-    LMCache,
-    LMConfig,
-    PowerRetention,
-    cache_bytes,
-    count_params,
-    flops_per_token,
-    size_config,
-)
-from retention.generate import generate
 
 __all__ = [
     "LM",

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from retention.nn.layers import check_positive_int
 from retention.nn.model import LM
+from retention.validation import check_int
 
 
 def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None, greedy: bool) -> Int[Array, " B"]:
@@ -39,20 +39,26 @@ def generate(
     temperature 0 is greedy (argmax); top_k keeps only the k most likely tokens. The prefill and the whole token
     loop (a lax.fori_loop of decode steps) run in one compiled function, with no host round trip per token.
     """
-    check_positive_int("max_new_tokens", max_new_tokens)
+    check_int("max_new_tokens", max_new_tokens)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
     if top_k is not None:
-        check_positive_int("top_k", top_k)
+        check_int("top_k", top_k)
         if top_k > model.config.vocab_size:
             raise ValueError(f"top_k must be <= vocab_size={model.config.vocab_size}, got {top_k}")
     if getattr(prompt_BT, "ndim", None) != 2 or not jnp.issubdtype(prompt_BT.dtype, jnp.integer):
         raise ValueError(f"prompt must be an int array [B, T0], got {getattr(prompt_BT, 'shape', prompt_BT)}")
     graphdef, state = nnx.split(model)
     return _generate(
-        graphdef, state, jnp.asarray(prompt_BT, jnp.int32), key, jnp.float32(temperature),
-        max_new_tokens=max_new_tokens, top_k=top_k, greedy=temperature == 0,
-    )  # fmt: skip
+        graphdef,
+        state,
+        jnp.asarray(prompt_BT, jnp.int32),
+        key,
+        jnp.float32(temperature),
+        max_new_tokens=max_new_tokens,
+        top_k=top_k,
+        greedy=temperature == 0,
+    )
 
 
 @partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))

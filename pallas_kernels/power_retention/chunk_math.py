@@ -3,7 +3,7 @@
 Conventions inside a chunk of c tokens (one kv-head): G is the inclusive cumsum of log_g from the chunk's start, given
 as a column Gc [c, 1] and as a row Gr [1, c]; G_end = G[c-1]. q~ = scale q exp(G/2) (the query read against the state
 carried into the chunk), k~ = k exp((G_end - G)/2) (the key written into the state carried out), gamma = exp(G_end).
-Rows a of the expanded state (layout.py) are [d, e] matrices; `a` may be a traced index.
+Rows a of the expanded state (see the package docstring) are [d, e] matrices; `a` may be a traced index.
 """
 
 import jax
@@ -39,8 +39,9 @@ def last_row(x):
 
 def gate_factors(Gc, Gr, scale):
     """(q factor scale exp(G/2) [c, 1], k factor exp((G_end - G)/2) [c, 1], gamma exp(G_end) [1, 1])."""
-    G_end = jnp.sum(jnp.where(jax.lax.broadcasted_iota(jnp.int32, Gr.shape, 1) == Gr.shape[1] - 1, Gr, 0.0),
-                    axis=1, keepdims=True)
+    G_end = jnp.sum(
+        jnp.where(jax.lax.broadcasted_iota(jnp.int32, Gr.shape, 1) == Gr.shape[1] - 1, Gr, 0.0), axis=1, keepdims=True
+    )
     return scale * jnp.exp(Gc / DEG), jnp.exp((G_end - Gc) / DEG), jnp.exp(G_end)
 
 

@@ -1,31 +1,43 @@
-"""Decode: n >= 1 new tokens as one chunk against the state, reading and updating S in its exact [D, e] layout.
+"""Decode: the pass over the state S for n >= 1 new tokens as one chunk, reading and updating S in its exact layout.
 
-Decode is bound by the pass over S (D * e floats per kv-head), so the kernel reads and writes S once, in its own
-layout: for each a (descending), the d-row window of phi's layout that starts at off(a) - a holds the entries
-(a, b) at row b for b >= a (layout.row_starts); masked to b >= a and weighted by sqrt(2) off the diagonal, it is
-row a's share of phi. Each program (b, kv-head, column block) loops over the d windows, adds (q~ * q~_a * w) @ W
-to the read and writes gamma W + (k~ * k~_a * w)^T v back to rows b >= a: a masked store on GPU, where warps are
-not in lockstep; on TPU the block lives in VMEM, and the descending order lets the windows that own rows b < a
-overwrite what an earlier window wrote back there unchanged.
-Everything of size D or n^2 (z, its read, the intra-chunk terms, normalising) is done by XLA around the kernel.
-Gradients (rarely needed at decode) come from the XLA step, `retention.ops.recurrent.chunk_step`.
+S is [B, H, D, e] with D = d (d + 1) / 2 rows in the order of the degree-2 symmetric power map: row off(a) + (b - a)
+holds the entry (a, b), a <= b (lexicographic, off(a) = sum_{a' < a} (d - a')), and the feature of a token x is
+x_a x_b, times sqrt(2) off the diagonal. Decode is bound by this pass (D * e floats per kv-head), so the kernel reads
+and writes S once, in that layout: for each a (descending), the d-row window that starts at off(a) - a holds the
+entries (a, b) at row b for b >= a (`row_starts`); masked to b >= a and weighted by sqrt(2) off the diagonal, it is
+row a's share of the feature map. Each program (b, kv-head, column block) loops over the d windows, adds
+(q~ * q~_a * w) @ W to the read and writes gamma W + (k~ * k~_a * w)^T v back to rows b >= a: a masked store on GPU,
+where warps are not in lockstep; on TPU the block lives in VMEM, and the descending order lets the windows that own
+rows b < a overwrite what an earlier window wrote back there unchanged.
+Only this pass is a kernel: everything of size D or n^2 (the normaliser's state z, the intra-chunk terms,
+normalising) is the caller's, in XLA, and so is the gradient (`decode_state_pass` defines none).
 """
 
 from functools import partial
 
 import jax
 import jax.numpy as jnp
-from einops import rearrange
+import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
+from jaxtyping import Array, Float
 
 from pallas_kernels.power_retention.chunk_math import F32, column, dot
-from pallas_kernels.power_retention.config import matmul_precision, resolve_backend, resolve_interpret
-from pallas_kernels.power_retention.forward import check_kernel_shapes
-from pallas_kernels.power_retention.layout import row_starts
-from retention.ops.recurrent import RetentionState, chunk_step, normalise
-from retention.ops.sympow import sympow
+from pallas_kernels.power_retention.config import (
+    BlockSizes,
+    check_supported,
+    compiler_params,
+    default_block_sizes,
+    resolve_backend,
+    resolve_interpret,
+)
+
+
+def row_starts(d: int) -> np.ndarray:
+    """For each a, the first row of S whose window of d rows holds the entries (a, b >= a) at offset b:
+    off(a) - a. Rows b < a of that window belong to rows a' < a."""
+    a = np.arange(d)
+    return a * d - a * (a - 1) // 2 - a
 
 
 def _kernel(q_ref, k_ref, v_ref, gamma_ref, S_ref, read_ref, S_out_ref, *, masked_store, precision):
@@ -49,30 +61,6 @@ def _kernel(q_ref, k_ref, v_ref, gamma_ref, S_ref, read_ref, S_out_ref, *, maske
     read_ref[...] = read
 
 
-def _state_kernel_call(q_t, k_t, v, gamma, S, *, backend, precision, interpret):
-    """q~ [B, H, m, d], k~ [B, H, r, d], v [B, H, r, e], gamma [B, H, 1, 1] float32, S [B, H, D, e].
-    Returns (phi(q~) S [B, H, m, e], gamma S + phi(k~)^T v [B, H, D, e]).
-
-    Grid (B, H, column blocks of S): the columns are independent, so on GPU blocks of 16 columns give 4x more
-    programs at e = 64 (decode streams S once and wants many SMs); on TPU one block of all e lanes."""
-    B, H, m, d = q_t.shape
-    r, (D, e) = k_t.shape[2], S.shape[2:]
-    cols = min(16, e) if backend == "gpu" else e
-    spec = lambda rows, width, by_col: pl.BlockSpec((None, None, rows, width),
-                                                    lambda b, h, c: (b, h, 0, c if by_col else 0))
-    params = (pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel")) if backend == "tpu"
-              else pltriton.CompilerParams(num_warps=4, num_stages=1))
-    return pl.pallas_call(
-        partial(_kernel, masked_store=backend == "gpu", precision=precision),
-        grid=(B, H, e // cols),
-        in_specs=[spec(m, d, False), spec(r, d, False), spec(r, cols, True), spec(1, 1, False), spec(D, cols, True)],
-        out_specs=[spec(m, cols, True), spec(D, cols, True)],
-        out_shape=(jax.ShapeDtypeStruct((B, H, m, e), F32), jax.ShapeDtypeStruct((B, H, D, e), F32)),
-        compiler_params=params,
-        interpret=interpret,
-    )(q_t, k_t, v, gamma, S)
-
-
 def _pad_rows(x, rows):
     return jnp.pad(x, [(0, 0), (0, 0), (0, rows - x.shape[2]), (0, 0)])
 
@@ -82,62 +70,50 @@ def _rows_for(n: int, backend: str) -> int:
     return max(16, 1 << (n - 1).bit_length()) if backend == "gpu" else -(-n // 8) * 8
 
 
-def _step(state, q, k, v, log_g, scale, backend, interpret):
-    """Forward of the decode step; see `power_retention_step_pallas`."""
-    B, n, Hq, d = q.shape
-    H = k.shape[2]
-    f32 = jnp.float32
-    log_g = jnp.zeros((B, n, H), f32) if log_g is None else log_g.astype(f32)
-    G_BHn = jnp.cumsum(rearrange(log_g, "B n H -> B H n"), axis=-1)
-    G_end = G_BHn[..., -1:]
-    q_BHgnd = rearrange(q.astype(f32) * scale, "B n (H g) d -> B H g n d", H=H)
-    k_BHnd, v_BHnd = (rearrange(x.astype(f32), "B n H d -> B H n d") for x in (k, v))
-    q_t = q_BHgnd * jnp.exp(G_BHn / 2)[:, :, None, :, None]
-    k_t = k_BHnd * jnp.exp((G_end - G_BHn) / 2)[..., None]
-    gamma = jnp.exp(G_end)
-
-    m = q_t.shape[2] * n
-    rows_q, rows_k = _rows_for(m, backend), _rows_for(n, backend)
-    read, S = _state_kernel_call(
-        _pad_rows(rearrange(q_t, "B H g n d -> B H (g n) d"), rows_q), _pad_rows(k_t, rows_k),
-        _pad_rows(v_BHnd, rows_k), gamma[..., None], state.S.astype(f32),
-        backend=backend, precision=matmul_precision(q.dtype), interpret=interpret)
-    read = rearrange(read[:, :, :m], "B H (g n) e -> B H g n e", n=n)
-
-    phi_q = sympow(q_t, 2)
-    causal = jnp.tril(jnp.ones((n, n), dtype=bool))
-    decay = jnp.where(causal, jnp.exp(jnp.where(causal, G_BHn[..., :, None] - G_BHn[..., None, :], 0.0)), 0.0)
-    A = jnp.einsum("bhgid,bhjd->bhgij", q_BHgnd, k_BHnd) ** 2 * decay[:, :, None]
-    num = read + jnp.einsum("bhgij,bhjd->bhgid", A, v_BHnd)
-    den = jnp.einsum("bhgnD,bhD->bhgn", phi_q, state.z) + A.sum(-1)
-    y = normalise(jnp.concatenate([num, den[..., None]], axis=-1))
-    z = gamma * state.z + sympow(k_t, 2).sum(axis=2)
-    return rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype), RetentionState(S=S, z=z)
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _step_vjp(state, q, k, v, log_g, scale, backend, interpret):
-    return _step(state, q, k, v, log_g, scale, backend, interpret)
-
-
-def _step_fwd(state, q, k, v, log_g, scale, backend, interpret):
-    return _step(state, q, k, v, log_g, scale, backend, interpret), (state, q, k, v, log_g)
-
-
-def _step_bwd(scale, backend, interpret, res, cts):
-    state, q, k, v, log_g = res
-    _, vjp = jax.vjp(lambda *args: chunk_step(*args, deg=2, scale=scale), state, q, k, v, log_g)
-    return vjp(cts)
-
-
-_step_vjp.defvjp(_step_fwd, _step_bwd)
-
-
-def power_retention_step_pallas(state: RetentionState, q, k, v, log_g, *, deg: int, scale: float,
-                                interpret: bool | None = None, backend: str | None = None):
-    """Decode n >= 1 tokens (q [B, n, Hq, d], k and v [B, n, H, d], log_g [B, n, H] or None) against `state`
-    (validated by the op): row i of y equals row t0 + i of the full forward. Returns (y in v's dtype, new state)."""
+def decode_state_pass(
+    q_t: Float[Array, "B H m d"],
+    k_t: Float[Array, "B H n d"],
+    v: Float[Array, "B H n e"],
+    gamma: Float[Array, "B H"],
+    S: Float[Array, "B H D e"],
+    *,
+    precision: jax.lax.Precision = jax.lax.Precision.HIGHEST,
+    interpret: bool | None = None,
+    block_sizes: BlockSizes | None = None,
+    backend: str | None = None,
+) -> tuple[Float[Array, "B H m e"], Float[Array, "B H D e"]]:
+    """(phi(q~) S, gamma S + phi(k~)^T v) for the m query rows q~ and the n keys k~ (already scaled and gated) of
+    one chunk, float32, S in the layout of the module docstring. Not differentiable (the caller defines the
+    gradient). `backend`, `interpret` as in `chunked_retention`; `precision` of the kernel's matmuls."""
     backend = resolve_backend(backend)
-    d = q.shape[-1]
-    check_kernel_shapes(deg, d, q.shape[2] // k.shape[2], backend)
-    return _step_vjp(state, q, k, v, log_g, float(scale), backend, resolve_interpret(interpret))
+    B, H, m, d = q_t.shape
+    n, (D, e) = k_t.shape[2], S.shape[2:]
+    check_supported(2, d, 1, backend)
+    blocks = block_sizes or default_block_sizes(backend, d)
+    cols = blocks.cols(e)
+    rows_q, rows_k = _rows_for(m, backend), _rows_for(n, backend)
+    spec = lambda rows, width, by_col: pl.BlockSpec(
+        (None, None, rows, width), lambda b, h, c: (b, h, 0, c if by_col else 0)
+    )
+    read, S = pl.pallas_call(
+        partial(_kernel, masked_store=backend == "gpu", precision=precision),
+        grid=(B, H, e // cols),
+        in_specs=[
+            spec(rows_q, d, False),
+            spec(rows_k, d, False),
+            spec(rows_k, cols, True),
+            spec(1, 1, False),
+            spec(D, cols, True),
+        ],
+        out_specs=[spec(rows_q, cols, True), spec(D, cols, True)],
+        out_shape=(jax.ShapeDtypeStruct((B, H, rows_q, e), F32), jax.ShapeDtypeStruct((B, H, D, e), F32)),
+        compiler_params=compiler_params(backend, blocks, ("parallel", "parallel", "parallel"), decode=True),
+        interpret=resolve_interpret(interpret),
+    )(
+        _pad_rows(q_t.astype(F32), rows_q),
+        _pad_rows(k_t.astype(F32), rows_k),
+        _pad_rows(v.astype(F32), rows_k),
+        gamma.astype(F32)[..., None, None],
+        S.astype(F32),
+    )
+    return read[:, :, :m], S

@@ -83,8 +83,9 @@ def _gpu_kernel(x_ref, u_ref, f_ref, gamma_ref, init_ref, before_ref, final_ref,
         final_ref[i] = S_a
 
 
-def state_pass(x, u, f, gamma, init, *, chunk: int, reverse: bool, backend: str, blocks: BlockSizes,
-               precision, interpret: bool):
+def state_pass(
+    x, u, f, gamma, init, *, chunk: int, reverse: bool, backend: str, blocks: BlockSizes, precision, interpret: bool
+):
     """Boundary states of S <- gamma_n S + sum_r phi(x_r f)^T u_r over chunks n (in order, or reversed).
 
     x [B, H, R, Tp, d], u [B, H, R, Tp, e] (any float dtype), f [B, H, Tp, 1] and gamma [B, H, N, 1, 1] float32,

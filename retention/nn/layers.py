@@ -4,17 +4,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-
-def check_positive_int(name: str, value) -> None:
-    """Raise ValueError naming `name` unless `value` is an int >= 1 (bools are not ints here)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+from retention.validation import check_int
 
 
 def check_heads(heads: int, kv_heads: int, head_dim: int, *, names=("heads", "kv_heads", "head_dim")) -> None:
     """Positive head counts and head dim, with the query heads a multiple of the kv heads (GQA)."""
     for name, value in zip(names, (heads, kv_heads, head_dim)):
-        check_positive_int(name, value)
+        check_int(name, value)
     if heads % kv_heads:
         raise ValueError(
             f"{names[0]} must be a multiple of {names[1]} (GQA), got {names[0]}={heads} and {names[1]}={kv_heads}"
@@ -31,9 +27,7 @@ def check_rope_base(rope_base, head_dim: int, *, names=("rope_base", "head_dim")
         raise ValueError(f"RoPE needs an even {names[1]}, got {names[1]}={head_dim} (or set {names[0]}=None)")
 
 
-def apply_rope(
-    x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float
-) -> Float[Array, "B T H d"]:
+def apply_rope(x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float) -> Float[Array, "B T H d"]:
     """Rotary position embedding (GPT-NeoX layout): rotates each pair (x_i, x_{i+d/2}) by the angle
     position * base^(-2i/d). `positions` is [T] (shared by the batch) or [B, T]; computed in float32."""
     d = x_BTHd.shape[-1]

@@ -2,10 +2,14 @@
 
 Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, cache=None) -> (y, cache)`:
 - cache=None: one full-sequence forward, returns (y, None);
-- with a cache: the T tokens continue the sequence held in the cache (a decode step of T >= 1 tokens);
-- `prefill(x, *, positions, cache)`: a whole prompt into an empty cache, through the full-sequence path.
+- with a cache: the T tokens continue the sequence held in the cache (a decode step of T >= 1 tokens). For
+  retention that is one call of the step op, `power_retention_step`, which runs the T tokens as one chunk against
+  the state up to the chunk size and the chunked op from the state beyond;
+- `prefill(x, *, positions, cache)`: a whole prompt into an empty cache. Attention runs the full-sequence op and
+  writes the keys and values; retention is the call with the cache (the step op, as above).
 Under a mesh whose "sequence" axis splits the tokens (`jax.set_mesh`, as the trainer does), the full forward
-runs the context-parallel ops (`retention/ops/context_parallel.py`); the results are the same.
+runs the context-parallel ops (`power_retention_context_parallel`, `softmax_attention_context_parallel`); the
+results are the same.
 A retention cache is a RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any length); an
 attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window).
 """
@@ -16,27 +20,27 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.ops.validation import check_deg
-from retention.nn.layers import apply_rope, check_heads, check_positive_int, check_rope_base
+from retention.nn.layers import apply_rope, check_heads, check_rope_base
 from retention.ops import (
+    ATTENTION_IMPLS,
+    RETENTION_IMPLS,
     KVCache,
     RetentionState,
+    check_chunk_size,
+    check_deg,
     init_kv_cache,
     init_state,
     power_retention,
+    power_retention_context_parallel,
     power_retention_step,
+    sequence_parallel_size,
     softmax_attention,
+    softmax_attention_context_parallel,
     softmax_attention_step,
 )
-from retention.ops.context_parallel import (
-    power_retention_context_parallel,
-    sequence_parallel_size,
-    softmax_attention_context_parallel,
-)
-from retention.ops.power_retention import CHUNK_SIZES, DEFAULT_CHUNK_SIZE
+from retention.ops.attention import check_window
+from retention.validation import check_choice, check_int
 
-RETENTION_IMPLS = ("auto", "xla", "reference")
-ATTENTION_IMPLS = ("auto", "xla", "reference")
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
 
 
@@ -45,14 +49,10 @@ def cache_bytes(cache) -> int:
     return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
 
 
-def _check_impl(impl, allowed) -> None:
-    if impl not in allowed:
-        raise ValueError(f"impl must be one of {allowed}, got {impl!r}")
-
-
 class PowerRetention(nnx.Module):
     """Power retention mixer: q, k, v projections (GQA), optional QK RMSNorm and RoPE, optional per-kv-head gate
-    log_g = log_sigmoid(x W_g + b_g), the power retention op, and the output projection."""
+    log_g = log_sigmoid(x W_g + b_g), the power retention op, and the output projection. `impl` is the op's (one of
+    RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward only."""
 
     def __init__(
         self,
@@ -71,13 +71,12 @@ class PowerRetention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        check_positive_int("d_model", d_model)
+        check_int("d_model", d_model)
         check_heads(heads, kv_heads, head_dim)
         check_rope_base(rope_base, head_dim)
         check_deg(deg)
-        if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size not in CHUNK_SIZES):
-            raise ValueError(f"chunk_size must be None or one of {CHUNK_SIZES}, got {chunk_size!r}")
-        _check_impl(impl, RETENTION_IMPLS)
+        check_chunk_size(chunk_size)
+        check_choice("impl", impl, RETENTION_IMPLS)
         self.heads, self.kv_heads, self.head_dim, self.deg = heads, kv_heads, head_dim, deg
         self.rope_base, self.chunk_size, self.impl = rope_base, chunk_size, impl
         linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -117,40 +116,36 @@ class PowerRetention(nnx.Module):
     def __call__(
         self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: RetentionState | None = None
     ) -> tuple[Float[Array, "B T D"], RetentionState | None]:
-        """Full forward (cache=None) or T tokens continuing the cache's state: the single-chunk decode op for T up
-        to the chunk size, the chunked op from the state beyond. Returns (y [B, T, D], the new state or None)."""
+        """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
+        T tokens continuing the cache's state (the step op). Returns (y [B, T, D], the new state or None)."""
         B, T, _ = x_BTD.shape
         q, k, v, log_g = self._project(x_BTD, positions)
-        if cache is None and sequence_parallel_size() > 1:  # under a mesh that splits the sequence
-            y = power_retention_context_parallel(q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size,
-                                                 impl="xla" if self.impl == "reference" else self.impl)  # fmt: skip
-        elif cache is None:
-            y = power_retention(q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
-        elif T <= (self.chunk_size or DEFAULT_CHUNK_SIZE):
-            y, cache = power_retention_step(cache, q, k, v, log_g, deg=self.deg)
+        options = dict(deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
+        if cache is not None:
+            y, cache = power_retention_step(cache, q, k, v, log_g, **options)
+        elif sequence_parallel_size() > 1:
+            y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:
-            stateful_impl = "xla" if self.impl == "reference" else self.impl  # the oracle carries no state
-            y, cache = power_retention(
-                q, k, v, log_g, deg=self.deg, chunk_size=self.chunk_size, initial_state=cache,
-                return_state=True, impl=stateful_impl,
-            )  # fmt: skip
+            y = power_retention(q, k, v, log_g, **options)
         return self.o_proj(y.reshape(B, T, self.heads * self.head_dim)), cache
 
     def prefill(self, x_BTD, *, positions, cache: RetentionState):
-        """A prompt into a fresh state: the same as a call with the cache (the state comes from the chunked op)."""
+        """A prompt into a fresh state: the same as a call with the cache (the step op: one chunk against the state
+        up to the chunk size, the chunked op from the state beyond)."""
         return self(x_BTD, positions=positions, cache=cache)
 
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionState:
         """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32: its size does not depend on max_len,
         dtype or step_tokens (taken for the common mixer interface)."""
-        check_positive_int("batch", batch)
-        check_positive_int("max_len", max_len)
+        check_int("batch", batch)
+        check_int("max_len", max_len)
         return init_state(batch, self.kv_heads, self.head_dim, self.deg)
 
 
 class Attention(nnx.Module):
     """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
-    (GQA), optional RoPE, the softmax op, and the output projection."""
+    (GQA), optional RoPE, the softmax op, and the output projection. `impl` is the full-sequence op's (one of
+    ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each."""
 
     def __init__(
         self,
@@ -166,12 +161,11 @@ class Attention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        check_positive_int("d_model", d_model)
+        check_int("d_model", d_model)
         check_heads(heads, kv_heads, head_dim)
         check_rope_base(rope_base, head_dim)
-        if window is not None:
-            check_positive_int("window", window)
-        _check_impl(impl, ATTENTION_IMPLS)
+        check_window(window)
+        check_choice("impl", impl, ATTENTION_IMPLS)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.window, self.rope_base, self.impl = window, rope_base, impl
         linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -212,7 +206,7 @@ class Attention(nnx.Module):
     ) -> tuple[Float[Array, "B T D"], KVCache]:
         """A whole prompt at positions 0..T-1 into an empty cache: the full-sequence op for y, then the last
         min(T, slots) keys and values written at slots position % slots (a full cache must hold all T)."""
-        B, T, _ = x_BTD.shape
+        T = x_BTD.shape[1]
         L = cache.k.shape[2]  # KVCache k is [B, H, L, d]
         if self.window is None and L < T:
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
@@ -231,7 +225,7 @@ class Attention(nnx.Module):
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> KVCache:
         """An empty KV cache: max_len slots for full attention; window + step_tokens - 1 for a sliding window
         (a ring buffer: enough for decode steps of up to step_tokens tokens, at any length)."""
-        check_positive_int("max_len", max_len)
-        check_positive_int("step_tokens", step_tokens)
+        check_int("max_len", max_len)
+        check_int("step_tokens", step_tokens)
         slots = max_len if self.window is None else self.window + step_tokens - 1
         return init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)

@@ -18,11 +18,8 @@ from jaxtyping import Array, Float, Int
 
 from retention.nn.layers import SwiGLU, check_heads, check_rope_base
 from retention.nn.mixers import Attention, PowerRetention
-from retention.ops.attention import IMPLS as ATTENTION_IMPLS
-from retention.ops.power_retention import CHUNK_SIZES, default_chunk_size
-from retention.ops.power_retention import IMPLS as RETENTION_IMPLS
-from retention.ops.sympow import sympow_dim
-from retention.ops.validation import check_deg
+from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg, sympow_dim
+from retention.ops.power_retention import default_chunk_size
 from retention.validation import check_choice, check_int, check_number
 
 MIXERS = {"P": "power retention", "A": "full attention", "W": "sliding-window attention"}
@@ -75,7 +72,7 @@ class LMConfig:
         check_rope_base(self.rope_base, self.head_dim)
         for name in ("dtype", "param_dtype"):
             check_choice(name, getattr(self, name), FLOAT_DTYPES)
-        check_choice("chunk_size", self.chunk_size, (None, *CHUNK_SIZES))
+        check_chunk_size(self.chunk_size)
         check_choice("retention_impl", self.retention_impl, RETENTION_IMPLS)
         check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
 
@@ -158,16 +155,26 @@ class Block(nnx.Module):
     def __init__(self, config: LMConfig, kind: str, *, rngs: nnx.Rngs):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         common = dict(
-            heads=config.n_heads, kv_heads=config.n_kv_heads, head_dim=config.head_dim, rope_base=config.rope_base,
-            dtype=dtype, param_dtype=param_dtype, rngs=rngs,
-        )  # fmt: skip
+            heads=config.n_heads,
+            kv_heads=config.n_kv_heads,
+            head_dim=config.head_dim,
+            rope_base=config.rope_base,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
         norm = lambda: nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.mixer_norm = norm()
         if kind == "P":
             self.mixer = PowerRetention(
-                config.d_model, deg=config.deg, gating=config.gating, qk_norm=config.qk_norm,
-                chunk_size=config.chunk_size, impl=config.retention_impl, **common,
-            )  # fmt: skip
+                config.d_model,
+                deg=config.deg,
+                gating=config.gating,
+                qk_norm=config.qk_norm,
+                chunk_size=config.chunk_size,
+                impl=config.retention_impl,
+                **common,
+            )
         else:
             window = config.window if kind == "W" else None
             self.mixer = Attention(config.d_model, window=window, impl=config.attention_impl, **common)

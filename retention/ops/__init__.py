@@ -1,20 +1,48 @@
-"""Pure functions on arrays: power retention (chunked, recurrent, reference), softmax baselines, the feature map."""
+"""Pure functions on arrays, one folder per op: power retention (`power_retention/`: chunked, recurrent, Pallas,
+reference, context parallel) and the softmax baselines (`attention/`); the checks both share (validation.py) and
+the mesh helpers of their context-parallel forms (sequence_parallel.py)."""
 
-from retention.ops.attention import KVCache, init_kv_cache, softmax_attention, softmax_attention_step
-from retention.ops.power_retention import power_retention, power_retention_step
-from retention.ops.recurrent import RetentionState, init_state
-from retention.ops.reference import power_retention_reference
-from retention.ops.sympow import sympow, sympow_dim
+from retention.ops.attention import (
+    ATTENTION_IMPLS,
+    KVCache,
+    init_kv_cache,
+    softmax_attention,
+    softmax_attention_context_parallel,
+    softmax_attention_step,
+)
+from retention.ops.power_retention import (
+    CHUNK_SIZES,
+    RETENTION_IMPLS,
+    RetentionState,
+    check_chunk_size,
+    check_deg,
+    init_state,
+    power_retention,
+    power_retention_context_parallel,
+    power_retention_reference,
+    power_retention_step,
+    sympow,
+    sympow_dim,
+)
+from retention.ops.sequence_parallel import sequence_parallel_size
 
 __all__ = [
+    "ATTENTION_IMPLS",
+    "CHUNK_SIZES",
+    "RETENTION_IMPLS",
     "KVCache",
     "RetentionState",
+    "check_chunk_size",
+    "check_deg",
     "init_kv_cache",
     "init_state",
     "power_retention",
+    "power_retention_context_parallel",
     "power_retention_reference",
     "power_retention_step",
+    "sequence_parallel_size",
     "softmax_attention",
+    "softmax_attention_context_parallel",
     "softmax_attention_step",
     "sympow",
     "sympow_dim",

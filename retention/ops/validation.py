@@ -1,7 +1,11 @@
-"""Checks at the public boundary of the ops: each raises ValueError or TypeError naming the argument, the value
-and what is allowed, before any heavy work."""
+"""Checks at the public boundary of both ops (power retention and softmax attention): each raises ValueError or
+TypeError naming the argument, the value and what is allowed, before any heavy work. Each op's own checks live in
+its folder (`power_retention/validation.py`, `attention/validation.py`); the generic ones in `retention.validation`.
+"""
 
 import jax.numpy as jnp
+
+from retention.validation import check_number
 
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64)
 
@@ -25,28 +29,10 @@ def check_qkv(q, k, v) -> None:
     if T < 1:
         raise ValueError(f"q must hold at least one token, got T={T}")
     if Hq % k.shape[2]:
-        raise ValueError(
-            f"query heads must be a multiple of kv heads (GQA), got q heads {Hq} and k heads {k.shape[2]}"
-        )
-
-
-def check_deg(deg) -> None:
-    """deg must be an even integer >= 2."""
-    if isinstance(deg, bool) or not isinstance(deg, int) or deg < 2 or deg % 2:
-        raise ValueError(f"deg must be an even integer >= 2 (2, 4, ...), got {deg!r}")
-
-
-def check_log_g(log_g, k) -> None:
-    """log_g is None or [B, T, H] like k's first three axes, floating."""
-    if log_g is None:
-        return
-    if getattr(log_g, "shape", None) != tuple(k.shape[:3]):
-        raise ValueError(f"log_g must have shape [B, T, H] = {tuple(k.shape[:3])}, got {getattr(log_g, 'shape', None)}")
-    if log_g.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"log_g must be a floating dtype (float32 preferred), got {log_g.dtype}")
+        raise ValueError(f"query heads must be a multiple of kv heads (GQA), got q heads {Hq} and k heads {k.shape[2]}")
 
 
 def check_scale(scale) -> None:
-    """scale is None or a positive finite number."""
-    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-        raise ValueError(f"scale must be None or a positive number, got {scale!r}")
+    """scale is None (1/sqrt(d)) or a positive finite number."""
+    if scale is not None:
+        check_number("scale", scale, low=0.0, open_low=True)

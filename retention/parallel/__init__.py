@@ -1,6 +1,6 @@
 """Scale-out: the device mesh (data, FSDP, sequence), multi-host start-up, and the sharding rules.
 
-Context-parallel ops (the sequence split across devices) are in `retention/ops/context_parallel.py`.
+Context-parallel ops (the sequence split across devices) are in `retention/ops/*/context_parallel.py`.
 """
 
 from retention.parallel.mesh import AXES, BATCH_AXES, initialize_distributed, make_mesh, mesh_shape

@@ -3,7 +3,7 @@
 The mesh has three named axes over all devices (of every process): "data" (pure data parallelism: the batch is
 split, parameters replicated), "fsdp" (the batch is split and each parameter is sharded over its largest axis:
 see `sharding.py`) and "sequence" (the tokens of each sequence are split: context parallelism, see
-`retention/ops/context_parallel.py`). Every axis is `AxisType.Auto`: sharding is propagated by XLA, so the
+`retention/ops/*/context_parallel.py`). Every axis is `AxisType.Auto`: sharding is propagated by XLA, so the
 model code runs unchanged under the mesh.
 """
 
@@ -96,19 +96,27 @@ def initialize_distributed(
     if coordinator_address is not None:
         for name, value in (("num_processes", num_processes), ("process_id", process_id)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"mesh.{name} must be a non-negative int when mesh.coordinator_address is "
-                                 f"set, got {value!r}")  # fmt: skip
+                raise ValueError(
+                    f"mesh.{name} must be a non-negative int when mesh.coordinator_address is set, got {value!r}"
+                )
         if process_id >= num_processes:
             raise ValueError(f"mesh.process_id must be < mesh.num_processes={num_processes}, got {process_id}")
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
     elif num_processes is not None or process_id is not None:
-        raise ValueError("mesh.num_processes and mesh.process_id need mesh.coordinator_address ('host:port'), got "
-                         f"coordinator_address=None, num_processes={num_processes}, "
-                         f"process_id={process_id}")  # fmt: skip
+        raise ValueError(
+            "mesh.num_processes and mesh.process_id need mesh.coordinator_address ('host:port'), got "
+            f"coordinator_address=None, num_processes={num_processes}, "
+            f"process_id={process_id}"
+        )
     elif cluster_detected():
         jax.distributed.initialize()
     else:
         return False
-    log.info("process %d of %d; %d local devices, %d in all", jax.process_index(), jax.process_count(),
-             jax.local_device_count(), jax.device_count())  # fmt: skip
+    log.info(
+        "process %d of %d; %d local devices, %d in all",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     return True

@@ -5,13 +5,22 @@ import jax.numpy as jnp
 import pytest
 
 from retention import init_kv_cache, softmax_attention, softmax_attention_step
-from retention.ops.attention import blockwise_attention, dense_attention
+from retention.ops.attention.blockwise import blockwise_attention
+from retention.ops.attention.reference import dense_attention
 from tests.helpers import f64, random_qkv, rel_err
 
 
 @pytest.mark.parametrize(
-    "T,Hq,H,window,block", [(1, 2, 1, None, 16), (63, 4, 2, None, 16), (200, 4, 1, None, 64), (200, 2, 2, 37, 32),
-                            (1000, 2, 2, 100, 128), (300, 4, 2, 1, 64), (130, 2, 1, 500, 32)]
+    "T,Hq,H,window,block",
+    [
+        (1, 2, 1, None, 16),
+        (63, 4, 2, None, 16),
+        (200, 4, 1, None, 64),
+        (200, 2, 2, 37, 32),
+        (1000, 2, 2, 100, 128),
+        (300, 4, 2, 1, 64),
+        (130, 2, 1, 500, 32),
+    ],
 )
 def test_blockwise_matches_dense(T, Hq, H, window, block):
     q, k, v, _ = random_qkv(T, 2, T, Hq, H, 16)

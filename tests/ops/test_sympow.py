@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from retention.ops.sympow import sympow, sympow_dim, sympow_weights
+from retention.ops.power_retention.sympow import sympow, sympow_dim, sympow_weights
 
 
 @pytest.mark.parametrize("d,p", [(1, 2), (5, 2), (64, 2), (7, 4), (3, 4), (4, 6), (9, 6)])

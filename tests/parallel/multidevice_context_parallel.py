@@ -1,22 +1,30 @@
 """Context-parallel ops on 8 host devices (run by test_eight_devices.py): power retention with the sequence split
-over the "sequence" axis equals the single-device op, forward, final state and gradients; the softmax baseline
-with gathered K and V equals single-device softmax attention; bad meshes and lengths raise clear errors."""
+over the "sequence" axis, on the case table (tests/ops/cases.py), equals the single-device op and the float64
+oracles (outputs, final state, gradients); the softmax baseline with gathered K and V equals single-device softmax
+attention; bad meshes and lengths raise clear errors."""
+
+import math
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-from retention import power_retention, power_retention_reference, softmax_attention
-from retention.ops.context_parallel import (
+from retention import power_retention, softmax_attention
+from retention.ops import (
     power_retention_context_parallel,
     sequence_parallel_size,
     softmax_attention_context_parallel,
 )
 from retention.parallel import make_mesh
-from tests.helpers import f64, random_qkv, rel_err
-from tests.parallel.common import require_devices
+from tests.helpers import random_qkv, rel_err
+from tests.ops.cases import F32_TOL, case_ids, check_path, differentiate, inputs
+from tests.parallel.common import N_DEVICES, require_devices
 
 require_devices()
+
+CP_TOL = 1e-5  # against the single-device op (float32): outputs, states, the initial state's gradients
+CP_ORACLE_TOL = 1e-4  # against the float64 oracles (float32; strong gates reach ~1e-5)
+CP_GRAD_TOL = 1e-4  # gradients in q, k, v, log_g against the single-device op's (strong gates: ~1e-5)
 
 
 def _cotangent(seed, shape):
@@ -34,54 +42,48 @@ def _run(fn, *args):
     return jax.jit(fn)(*args)
 
 
-# (mesh (data, fsdp, sequence), B, T, Hq, H, d, deg, gate, chunk): T/n is odd-ish, padded inside each device
-CASES = [
-    ((1, 1, 8), 1, 200, 4, 2, 8, 2, "mild", 16),  # GQA, 25 tokens per device, 2 chunks of 16
-    ((1, 2, 4), 2, 60, 2, 1, 4, 4, "strong", 16),  # degree 4, strong gates
-    ((2, 2, 2), 4, 38, 2, 2, 8, 2, None, None),  # gating off, the default chunk: one chunk per device
-]
+def _sequence_devices(case) -> int:
+    """The largest sequence axis (8, 4 or 2 devices) that divides T; 0 if none does (odd T)."""
+    return next((n for n in (8, 4, 2) if case.T % n == 0), 0)
 
 
-@pytest.mark.parametrize("shape,B,T,Hq,H,d,deg,gate,chunk", CASES)
-def test_power_retention_matches_single_device(shape, B, T, Hq, H, d, deg, gate, chunk):
-    mesh = make_mesh(*shape)
-    q, k, v, log_g = random_qkv(T + deg, B, T, Hq, H, d, gate=gate)
-    got = _run(lambda *a: power_retention_context_parallel(*a, deg=deg, chunk_size=chunk, mesh=mesh), q, k, v, log_g)
-    one = _run(lambda *a: power_retention(*a, deg=deg, chunk_size=chunk), q, k, v, log_g)
-    oracle = _run(lambda *a: power_retention_reference(*a, deg=deg), *f64(q, k, v, log_g))
-    assert got.dtype == jnp.float32 and got.shape == q.shape
-    assert rel_err(got, one) < 1e-5
-    assert rel_err(got, oracle) < 1e-4
-
-    cot = _cotangent(7, q.shape)
-    args = (q, k, v) if log_g is None else (q, k, v, log_g)  # gating off: differentiated in q, k, v only
-    g_cp = _grads(lambda *a: power_retention_context_parallel(*a, deg=deg, chunk_size=chunk, mesh=mesh), cot, *args)
-    g_one = _grads(lambda *a: power_retention(*a, deg=deg, chunk_size=chunk), cot, *args)
-    g_ref = _grads(lambda *a: power_retention_reference(*a, deg=deg), cot, *f64(*args))
-    for name, a, b, r in zip("q k v log_g".split(), g_cp, g_one, g_ref):
-        assert a.dtype == jnp.float32 and a.shape == b.shape, name
-        assert rel_err(a, b) < 1e-4 and rel_err(a, r) < 1e-4, name  # float32 rounding (strong gates: ~1e-5)
+def _mesh_shape(case) -> tuple[int, int, int]:
+    """(data, fsdp, sequence) over the 8 devices: the sequence axis as long as T allows, then data, then fsdp."""
+    seq = _sequence_devices(case)
+    rest = N_DEVICES // seq
+    data = 2 if rest >= 2 and case.B % 2 == 0 else 1
+    return data, rest // data, seq
 
 
-def test_state_in_and_out_match_single_device():
-    """initial_state enters device 0 (decayed over the devices before each one); the returned state is the
-    sequence's final state, the same on every device."""
-    mesh = make_mesh(1, 1, 8)
-    q, k, v, log_g = random_qkv(3, 2, 72, 4, 2, 8, gate="mild")
-    _, state0 = _run(lambda *a: power_retention(*a, return_state=True), q[:, :40], k[:, :40], v[:, :40], log_g[:, :40])
-    got, got_state = _run(lambda *a: power_retention_context_parallel(*a, initial_state=state0, return_state=True,
-                                                                      chunk_size=16, mesh=mesh), q, k, v, log_g)
-    want, want_state = _run(lambda *a: power_retention(*a, initial_state=state0, return_state=True, chunk_size=16),
-                            q, k, v, log_g)  # fmt: skip
-    assert rel_err(got, want) < 1e-5
-    assert rel_err(got_state.S, want_state.S) < 1e-5 and rel_err(got_state.z, want_state.z) < 1e-5
+def _supported(case) -> bool:
+    """T splits over a sequence axis and B over the other axes."""
+    return _sequence_devices(case) > 0 and case.B % math.prod(_mesh_shape(case)[:2]) == 0
 
-    cot = _cotangent(1, q.shape)
-    f_cp = lambda S, z, k: power_retention_context_parallel(q, k, v, log_g, initial_state=type(state0)(S, z),
-                                                             mesh=mesh)  # fmt: skip
-    f_one = lambda S, z, k: power_retention(q, k, v, log_g, initial_state=type(state0)(S, z))
-    for name, a, b in zip(("S", "z", "k"), _grads(f_cp, cot, *state0, k), _grads(f_one, cot, *state0, k)):
-        assert rel_err(a, b) < 1e-5, name
+
+@pytest.mark.parametrize("case", case_ids(_supported))
+def test_power_retention_on_the_case_table(case):
+    """The sequence split over `_mesh_shape(case)`: outputs, final state and gradients (q, k, v, log_g, initial
+    state) against the single-device op and the float64 oracles. Odd T does not split; the rest runs."""
+    mesh = make_mesh(*_mesh_shape(case))
+
+    def cp(q, k, v, log_g, state0):
+        return power_retention_context_parallel(
+            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, mesh=mesh
+        )
+
+    def one(q, k, v, log_g, state0):
+        return power_retention(
+            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, impl="xla"
+        )
+
+    float32 = case.tol == F32_TOL
+    y, state, grads = check_path(case, cp, tol=CP_ORACLE_TOL if float32 else case.tol)
+    y_one, state_one, grads_one = differentiate(case, one, inputs(case)[0])
+    tol, grad_tol = (CP_TOL, CP_GRAD_TOL) if float32 else (case.tol, case.tol)
+    for name, a, b in (("y", y, y_one), ("S", state.S, state_one.S), ("z", state.z, state_one.z)):
+        assert rel_err(a, b) < tol, name
+    for name in grads:
+        assert rel_err(grads[name], grads_one[name]) < (tol if name in ("S0", "z0") else grad_tol), name
 
 
 def test_ambient_mesh_and_collectives():
@@ -107,8 +109,9 @@ def test_softmax_attention_gathers_kv(window, shape, Hq, H, T):
     got, want = _run(run, q, k, v), _run(lambda *a: softmax_attention(*a, window=window), q, k, v)
     assert rel_err(got, want) < 1e-5
     cot = _cotangent(3, q.shape)
-    for name, a, b in zip("qkv", _grads(run, cot, q, k, v),
-                          _grads(lambda *a: softmax_attention(*a, window=window), cot, q, k, v)):  # fmt: skip
+    got_grads = _grads(run, cot, q, k, v)
+    want_grads = _grads(lambda *x: softmax_attention(*x, window=window), cot, q, k, v)
+    for name, a, b in zip("qkv", got_grads, want_grads):
         assert rel_err(a, b) < 1e-5, name
     hlo = jax.jit(run).lower(q, k, v).compile().as_text()
     assert "all-gather" in hlo
@@ -117,14 +120,14 @@ def test_softmax_attention_gathers_kv(window, shape, Hq, H, T):
 def test_errors_name_the_argument():
     mesh = make_mesh(1, 1, 8)
     q, k, v, log_g = random_qkv(0, 2, 20, 2, 2, 8, gate="mild")
-    with pytest.raises(ValueError, match=r"sequence length \(q.shape\[1\]\) must be a multiple of the mesh axis "
-                                         r"'sequence' of size 8, got T=20"):  # fmt: skip
+    too_short = r"sequence length \(q.shape\[1\]\) must be a multiple of the mesh axis 'sequence' of size 8, got T=20"
+    with pytest.raises(ValueError, match=too_short):
         power_retention_context_parallel(q, k, v, log_g, mesh=mesh)
     with pytest.raises(ValueError, match=r"sequence length .* of size 8, got T=20"):
         softmax_attention_context_parallel(q, k, v, mesh=mesh)
     q, k, v, log_g = random_qkv(0, 3, 16, 2, 2, 8, gate="mild")
-    with pytest.raises(ValueError, match=r"batch \(q.shape\[0\]\) must be a multiple of the mesh axes \('data',\), "
-                                         r"of size 2, got B=3|batch .* got B=3"):  # fmt: skip
+    odd_batch = r"batch \(q.shape\[0\]\) must be a multiple of the mesh axes \('data',\) of size 2, got B=3"
+    with pytest.raises(ValueError, match=odd_batch):
         power_retention_context_parallel(q, k, v, log_g, mesh=make_mesh(2, 1, 4), batch_axes=("data",))
     with pytest.raises(ValueError, match=r"axis must name a mesh axis, one of \('data', 'fsdp', 'sequence'\), got 'se"):
         power_retention_context_parallel(q, k, v, log_g, mesh=mesh, axis="seq")

@@ -19,24 +19,18 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float
 
-from retention.ops.recurrent import RetentionState, augment, causal_decay, normalise, split
-from retention.ops.sympow import sympow
+from retention.ops.power_retention.chunk_math import gate_factors, intra_chunk, normalise, state_read, state_write
+from retention.ops.power_retention.state import RetentionState, augment, split
 
 INTRA_GROUP_BYTES = 1 << 24  # chunks per batched intra-chunk step: about 16 MB of scores at a time
 
 
-def _intra_chunk(q_BHgcd, k_BHcd, v_BHce, Gc_BHc, deg):
-    """Quadratic part inside one chunk: [B, H, g, c, e] (numerator columns, then the normaliser)."""
-    scores = jnp.einsum("bhgid,bhjd->bhgij", q_BHgcd, k_BHcd) ** deg
-    return jnp.einsum("bhgij,bhje->bhgie", scores * causal_decay(Gc_BHc)[:, :, None], v_BHce)
-
-
 def _intra_chunks(q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc, deg):
-    """`_intra_chunk` for all N chunks, batched in groups of ~16 MB of scores, each group rematerialised, so
+    """`intra_chunk` for all N chunks, batched in groups of ~16 MB of scores, each group rematerialised, so
     neither pass ever holds every chunk's c x c scores: [N, B, H, g, c, e]."""
     _, B, H, g, c, _ = q_NBHgcd.shape
     group = max(1, INTRA_GROUP_BYTES // (4 * B * H * g * c * c))
-    one_group = jax.checkpoint(lambda xs: _intra_chunk(*xs, deg))
+    one_group = jax.checkpoint(lambda xs: intra_chunk(*xs, deg))
     return jax.lax.map(one_group, (q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc), batch_size=group)
 
 
@@ -49,11 +43,6 @@ def _state_group(n_chunks: int, state_bytes: int) -> int:
     if n_chunks * state_bytes <= STATE_BUDGET_BYTES:
         return 1
     return 1 << round(math.log2(math.sqrt(n_chunks)))
-
-
-def _write(k_BHcd, v_BHce, deg):
-    """One chunk's addition to the state: phi(k~)^T [v|1], [B, H, D, e] (phi built transposed: see sympow)."""
-    return jnp.einsum("bhDc,bhce->bhDe", sympow(jnp.swapaxes(k_BHcd, -1, -2), deg, axis=-2), v_BHce)
 
 
 def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
@@ -69,14 +58,14 @@ def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
     @jax.checkpoint
     def body(S_aug, xs):
         q_BHmd, k_BHcd, v_BHce, decay_BH = xs
-        read = jnp.einsum("bhmD,bhDe->bhme", sympow(q_BHmd, deg), S_aug)
-        return decay_BH[..., None, None] * S_aug + _write(k_BHcd, v_BHce, deg), read
+        read = state_read(q_BHmd, S_aug, deg)
+        return decay_BH[..., None, None] * S_aug + state_write(k_BHcd, v_BHce, deg), read
 
     xs = (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH)
     if S0_aug is None:
         _, B, H, m, _ = q_NBHmd.shape
         first_read = jnp.zeros((1, B, H, m, v_NBHce.shape[-1]), v_NBHce.dtype)
-        S_aug, reads = _scan_chunks(body, _write(k_NBHcd[0], v_NBHce[0], deg), tuple(x[1:] for x in xs))
+        S_aug, reads = _scan_chunks(body, state_write(k_NBHcd[0], v_NBHce[0], deg), tuple(x[1:] for x in xs))
         return S_aug, jnp.concatenate([first_read, reads])
     return _scan_chunks(body, S0_aug, xs)
 
@@ -111,7 +100,7 @@ def power_retention_chunked(
 
     Inputs are assumed validated (see `power_retention`); computes in float32 and returns y in v's dtype.
     """
-    B, T, Hq, d = q.shape
+    B, T = q.shape[:2]
     H = k.shape[2]
     c = chunk_size
     N = -(-T // c)
@@ -128,19 +117,17 @@ def power_retention_chunked(
     k_BNHcd = rearrange(k_f, "B (N c) H d -> B N H c d", c=c)
     v_BNHce = rearrange(v_aug, "B (N c) H e -> B N H c e", c=c)
     Gc_BNHc = jnp.cumsum(rearrange(log_g_f, "B (N c) H -> B N H c", c=c), axis=-1)
-    G_end_BNH = Gc_BNHc[..., -1]
 
     chunk_major = lambda x: jnp.moveaxis(x, 1, 0)
     intra = _intra_chunks(*map(chunk_major, (q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc)), deg)
 
-    q_decayed = q_BNHgcd * jnp.exp(Gc_BNHc / deg)[:, :, :, None, :, None]
-    k_decayed = k_BNHcd * jnp.exp((G_end_BNH[..., None] - Gc_BNHc) / deg)[..., None]
+    fq_BNHc, fk_BNHc, decay_BNH = gate_factors(Gc_BNHc, deg)
     S_aug, reads = _inter_chunk(
         None if initial_state is None else augment(initial_state),
-        rearrange(q_decayed, "B N H g c d -> N B H (g c) d"),
-        rearrange(k_decayed, "B N H c d -> N B H c d"),
+        rearrange(q_BNHgcd * fq_BNHc[:, :, :, None, :, None], "B N H g c d -> N B H (g c) d"),
+        rearrange(k_BNHcd * fk_BNHc[..., None], "B N H c d -> N B H c d"),
         rearrange(v_BNHce, "B N H c e -> N B H c e"),
-        rearrange(jnp.exp(G_end_BNH), "B N H -> N B H"),
+        rearrange(decay_BNH, "B N H -> N B H"),
         deg,
     )
     total = rearrange(intra, "N B H g c e -> B N H g c e") + rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)

@@ -1,4 +1,4 @@
-"""The forward output kernel: per chunk and query head, the intra-chunk power attention fused with the read of the
+"""The output kernel: per chunk and query head, the intra-chunk power attention fused with the read of the
 state carried into the chunk, normalised in place.
 
 Grid (B, Hq, N, row blocks): every chunk is independent once the state pass has saved the boundary states, so the
@@ -50,8 +50,9 @@ def _kernel(q_ref, k_ref, v_ref, Gc_ref, Gr_ref, S_ref, Z_ref, y_ref, den_ref, *
         den_ref[...] = den
 
 
-def read_chunks(q, k, v, Gc, Gr, S_before, Z_before, *, scale: float, backend: str, blocks: BlockSizes,
-                precision, interpret: bool):
+def output_chunks(
+    q, k, v, Gc, Gr, S_before, Z_before, *, scale: float, backend: str, blocks: BlockSizes, precision, interpret: bool
+):
     """Normalised output per chunk. q [B, Hq, Tp, d], k and v [B, H, Tp, d] (any float dtype), Gc [B, H, N, c, 1],
     Gr [B, H, N, 1, c], S_before [B, H, N, d, d, e], Z_before [B, H, N, d, d] (float32).
     Returns (y [B, Hq, Tp, e], den [B, Hq, Tp, 1]), float32."""

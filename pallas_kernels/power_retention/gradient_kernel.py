@@ -1,12 +1,12 @@
-"""The backward per-chunk kernel: dq, dk, dv and dG of one chunk and kv-head from the saved boundary states.
+"""The gradient kernel: dq, dk, dv and dG of one chunk and kv-head from the saved boundary states.
 
 Inputs per chunk n: the forward state carried in (S_before, Z_before) and the gradient of the state carried out
 (dS_after, dZ_after, from the reverse state pass), plus dnum = dy / den and dden = -(dy . y) / den. Row a of the
 expanded state gives: dq~ (read), dk~ and dv (write) and <dS_after, S_before> (the chunk decay's gradient); the last
 grid step adds the z terms, the gate-factor chain rule (q~ = q scale exp(G/2), k~ = k exp((G_end - G)/2),
-gamma = exp(G_end)) and the intra-chunk gradients. Grid (B, H, N, row blocks) as in `read.py`: chunks in parallel,
-the row blocks a reduction into resident float32 output blocks. The g = Hq / H query heads of a kv-head are
-handled in one program (static loop), since they share dk and dv.
+gamma = exp(G_end)) and the intra-chunk gradients. Grid (B, H, N, row blocks) as in `output_kernel.py`: chunks in
+parallel, the row blocks a reduction into resident float32 output blocks. The g = Hq / H query heads of a kv-head
+are handled in one program (static loop), since they share dk and dv.
 """
 
 from functools import partial
@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.power_retention.chunk_math import (DEG, F32, dot, gate_factors, intra_grads, read_row,
-                                                       read_row_grad)
+from pallas_kernels.power_retention.chunk_math import DEG, F32, dot, gate_factors, intra_grads, read_row, read_row_grad
 from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 
 
@@ -29,8 +28,28 @@ def _total(x):
     return jnp.sum(jnp.sum(x, axis=1, keepdims=True), axis=0, keepdims=True)
 
 
-def _kernel(q_ref, k_ref, v_ref, Gc_ref, Gr_ref, dnum_ref, dden_ref, ddenr_ref, S_ref, dS_ref, Z_ref, dZ_ref,
-            dq_ref, dk_ref, dv_ref, dGq_ref, dGk_ref, *, scale, precision):
+def _kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    Gc_ref,
+    Gr_ref,
+    dnum_ref,
+    dden_ref,
+    ddenr_ref,
+    S_ref,
+    dS_ref,
+    Z_ref,
+    dZ_ref,
+    dq_ref,
+    dk_ref,
+    dv_ref,
+    dGq_ref,
+    dGk_ref,
+    *,
+    scale,
+    precision,
+):
     """Accumulate the state rows' gradients; on the last step finish dq, dk, dv, dGq, dGk for the chunk."""
     j, n_steps = pl.program_id(3), pl.num_programs(3)
     rows, g = S_ref.shape[0], q_ref.shape[0]
@@ -82,16 +101,35 @@ def _kernel(q_ref, k_ref, v_ref, Gc_ref, Gr_ref, dnum_ref, dden_ref, ddenr_ref, 
         for r in range(g):
             dden = dden_ref[r]
             dq_t = dq_ref[r] + 2.0 * dden * dot(qs_t[r], Z, precision)
-            dq_i, dk_i, dv_i, dGq_i, dGk_i = intra_grads(qs[r], k, v, Gc, Gr, dnums[r], dden, ddenr_ref[r], scale,
-                                                          precision)
+            dq_i, dk_i, dv_i, dGq_i, dGk_i = intra_grads(
+                qs[r], k, v, Gc, Gr, dnums[r], dden, ddenr_ref[r], scale, precision
+            )
             dq_ref[r] = dq_t * fq + dq_i
             dGq_ref[r] = jnp.sum(dq_t * qs_t[r], axis=1, keepdims=True) / DEG + dGq_i
             dk, dv, dGk = dk + dk_i, dv + dv_i, dGk + dGk_i
         dk_ref[...], dv_ref[...], dGk_ref[...] = dk, dv, dGk
 
 
-def chunk_grads(q, k, v, Gc, Gr, dnum, dden, dden_row, S_before, dS_after, Z_before, dZ_after, *, scale: float,
-                backend: str, blocks: BlockSizes, precision, interpret: bool):
+def chunk_grads(
+    q,
+    k,
+    v,
+    Gc,
+    Gr,
+    dnum,
+    dden,
+    dden_row,
+    S_before,
+    dS_after,
+    Z_before,
+    dZ_after,
+    *,
+    scale: float,
+    backend: str,
+    blocks: BlockSizes,
+    precision,
+    interpret: bool,
+):
     """Per-chunk gradients. q [B, H, g, Tp, d], k and v [B, H, Tp, d], Gc [B, H, N, c, 1], Gr [B, H, N, 1, c],
     dnum [B, H, g, Tp, e], dden [B, H, g, Tp, 1], dden_row [B, H, g, N, 1, c], S_before and dS_after
     [B, H, N, d, d, e], Z_before and dZ_after [B, H, N, d, d]. Returns float32 (dq [B, H, g, Tp, d],

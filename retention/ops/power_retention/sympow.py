@@ -8,7 +8,7 @@ monomials of degree r whose smallest index is >= a are a contiguous suffix of th
 the concatenation over i of x_i times the degree r-1 suffix that starts at i.
 """
 
-from functools import lru_cache
+from functools import cache
 from itertools import combinations_with_replacement
 from math import comb, factorial
 
@@ -17,20 +17,22 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from retention.ops.power_retention.validation import check_deg
+
 
 def sympow_dim(d: int, p: int) -> int:
     """D = C(d + p - 1, p), the number of distinct monomials of degree p in d variables."""
     return comb(d + p - 1, p)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _suffix_offsets(d: int, r: int) -> tuple[int, ...]:
     """Where, in the degree-r monomial list, the monomials with smallest index >= a start (a = 0..d-1)."""
     lengths = [sympow_dim(d - i, r - 1) for i in range(d)]  # monomials of degree r with smallest index exactly i
     return tuple(int(o) for o in np.concatenate([[0], np.cumsum(lengths)[:-1]]))
 
 
-@lru_cache(maxsize=None)
+@cache
 def sympow_weights(d: int, p: int) -> np.ndarray:
     """sqrt of the multinomial coefficient of each monomial, in phi's order, shape [D], float64."""
     weights = []
@@ -46,8 +48,7 @@ def sympow(x: Float[Array, "..."], p: int, axis: int = -1) -> Float[Array, "..."
     `axis=-2` builds the transposed map ([..., d, c] -> [..., D, c]) that a state write phi(K)^T V wants: on CPU
     that layout makes the write matmul about 25% faster than transposing [c, D] (experiments/PERF_LOG.md).
     """
-    if p < 2 or p % 2:
-        raise ValueError(f"deg must be an even integer >= 2, got {p!r}")
+    check_deg(p)
     axis = axis % x.ndim
     d = x.shape[axis]
 

@@ -1,25 +1,22 @@
-"""The expanded state the kernels carry, and its conversion to and from RetentionState's exact layout (degree 2).
+"""RetentionState (degree 2) to and from the expanded state of the Pallas kernels (`pallas_kernels.power_retention`):
+S_exp[a, b, :] = sum_j k_ja k_jb v_j [d, d, e] and Z[a, b] = sum_j k_ja k_jb [d, d], both symmetric in (a, b).
 
-For p = 2, (x . y)^2 = sum_{a,b} x_a x_b y_a y_b, so the kernels use the feature x (x) x (all d*d products) instead of
-phi(x) (the D = d(d+1)/2 products a <= b, times sqrt(2) off the diagonal). The state is then
-S_exp[a, b, :] = sum_j k_ja k_jb v_j, [d, d, e], symmetric in (a, b), and Z[a, b] = sum_j k_ja k_jb, [d, d].
-Row a of S_exp is a [d, e] matrix, and the read of one row is the matmul (x * x_a) @ S_exp[a]: every kernel works on
-rows, so no array has the odd size D (Triton needs powers of two) and no kernel needs a gather. It costs twice the
-FLOPs and memory of the symmetric form; the public state stays the exact [B, H, D, d] and [B, H, D].
+phi's entry (a, b), a <= b, at index off(a) + (b - a) in phi's order (sympow.py), is x_a x_b times its weight
+(sqrt(2) off the diagonal, 1 on it), so S[index(a, b)] = weight(a, b) S_exp[a, b].
 """
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from retention.ops.recurrent import RetentionState
-from retention.ops.sympow import sympow_weights
+from retention.ops.power_retention.state import RetentionState
+from retention.ops.power_retention.sympow import sympow_weights
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tables(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """index [d, d] of (min(a,b), max(a,b)) in phi's order, its weight [d, d], and the (a, b) of each of phi's D
     entries (flat index a * d + b, a <= b), [D]."""
@@ -29,13 +26,6 @@ def _tables(d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     weight = sympow_weights(d, 2)[index]
     upper = np.flatnonzero((a <= b).ravel())
     return index, weight, upper
-
-
-def row_starts(d: int) -> np.ndarray:
-    """For each a, the first row of phi's [D, ...] layout whose window of d rows holds entries (a, b >= a) at
-    offset b: off(a) - a, with off(a) = sum_{a' < a} (d - a'). Rows b < a of that window belong to rows a' < a."""
-    a = np.arange(d)
-    return a * d - a * (a - 1) // 2 - a
 
 
 def _gather_rows(x, d: int):
@@ -48,7 +38,7 @@ def _gather_rows(x, d: int):
 
 def _upper_rows(x, d: int):
     """x [B, H, d, d, ...] symmetric in (a, b) -> [B, H, D, ...] in phi's order, times weight(a, b)."""
-    index, weight, upper = _tables(d)
+    _, weight, upper = _tables(d)
     flat = x.reshape(x.shape[:2] + (d * d,) + x.shape[4:])
     w = jnp.asarray(weight.ravel()[upper], x.dtype).reshape((len(upper),) + (1,) * (x.ndim - 4))
     return jnp.take(flat, jnp.asarray(upper), axis=2) * w

@@ -1,0 +1,42 @@
+"""Power retention: the op, its decode step, its oracles and its context-parallel form.
+
+state.py: RetentionState and its helpers; sympow.py: the feature map phi; chunk_math.py: the per-chunk arithmetic
+the XLA paths share; chunked.py: the chunked form (training, prefill); recurrent.py: the decode step;
+reference.py: the quadratic oracle and the token-by-token recurrence; expanded_state.py and pallas.py: the glue to
+the Pallas kernels (`pallas_kernels.power_retention`); op.py: the public ops and their dispatch (validation.py:
+their checks); context_parallel.py: the sequence split over a mesh axis.
+"""
+
+from retention.ops.power_retention.context_parallel import power_retention_context_parallel
+from retention.ops.power_retention.op import power_retention, power_retention_step
+from retention.ops.power_retention.reference import power_retention_recurrence, power_retention_reference
+from retention.ops.power_retention.state import RetentionState, init_state
+from retention.ops.power_retention.sympow import sympow, sympow_dim
+from retention.ops.power_retention.validation import (
+    CHUNK_SIZES,
+    DEFAULT_CHUNK_SIZE,
+    RETENTION_IMPLS,
+    STATE_IMPLS,
+    check_chunk_size,
+    check_deg,
+    default_chunk_size,
+)
+
+__all__ = [
+    "CHUNK_SIZES",
+    "DEFAULT_CHUNK_SIZE",
+    "RETENTION_IMPLS",
+    "STATE_IMPLS",
+    "RetentionState",
+    "check_chunk_size",
+    "check_deg",
+    "default_chunk_size",
+    "init_state",
+    "power_retention",
+    "power_retention_context_parallel",
+    "power_retention_recurrence",
+    "power_retention_reference",
+    "power_retention_step",
+    "sympow",
+    "sympow_dim",
+]

@@ -1,0 +1,50 @@
+"""The fixed-size memory of power retention: S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j), decayed by the gates."""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from retention.ops.power_retention.sympow import sympow_dim
+from retention.ops.power_retention.validation import check_deg
+from retention.validation import check_int
+
+
+class RetentionState(NamedTuple):
+    """The state per batch row and kv-head (float32): S [B, H, D, d] and z [B, H, D], D = C(d + deg - 1, deg)."""
+
+    S: Float[Array, "B H D d"]
+    z: Float[Array, "B H D"]
+
+
+def init_state(batch: int, heads: int, head_dim: int, deg: int = 2) -> RetentionState:
+    """An empty state: S [batch, heads, D, head_dim] and z [batch, heads, D], zeros, float32."""
+    for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)):
+        check_int(name, value)
+    check_deg(deg)
+    D = sympow_dim(head_dim, deg)
+    return RetentionState(
+        S=jnp.zeros((batch, heads, D, head_dim), jnp.float32), z=jnp.zeros((batch, heads, D), jnp.float32)
+    )
+
+
+def check_state(state, B: int, H: int, d: int, deg: int, name: str) -> None:
+    """`state` (the argument `name`) is a RetentionState with S [B, H, D, d] and z [B, H, D] for degree `deg`."""
+    D = sympow_dim(d, deg)
+    if not isinstance(state, RetentionState):
+        raise TypeError(f"{name} must be a RetentionState(S, z) (see init_state), got {type(state).__name__}")
+    if state.S.shape != (B, H, D, d) or state.z.shape != (B, H, D):
+        raise ValueError(
+            f"{name} must have S [B, H, D, d] = {(B, H, D, d)} and z [B, H, D] = {(B, H, D)} for deg={deg}, "
+            f"got S {state.S.shape} and z {state.z.shape}"
+        )
+
+
+def augment(state: RetentionState) -> Float[Array, "B H D e"]:
+    """S with z appended as its last column: [B, H, D, d+1], so one matmul reads numerator and normaliser."""
+    return jnp.concatenate([state.S, state.z[..., None]], axis=-1)
+
+
+def split(S_aug: Float[Array, "B H D e"]) -> RetentionState:
+    """Inverse of `augment`."""
+    return RetentionState(S=S_aug[..., :-1], z=S_aug[..., -1])

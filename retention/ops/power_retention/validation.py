@@ -1,0 +1,39 @@
+"""The power-retention op's own argument checks and the values they allow (the shared q, k, v and scale checks are
+in `retention/ops/validation.py`, the generic ones in `retention.validation`). Each raises ValueError or TypeError
+naming the argument, the value and what is allowed."""
+
+import numpy as np
+
+from retention.ops.validation import FLOAT_DTYPES
+from retention.validation import check_choice
+
+RETENTION_IMPLS = ("auto", "xla", "pallas", "reference")  # power_retention
+STATE_IMPLS = ("auto", "xla", "pallas")  # the impls that carry a state: the decode step, context parallelism
+CHUNK_SIZES = (16, 32, 64, 128, 256, 512, 1024)
+DEFAULT_CHUNK_SIZE = 128  # fastest measured on CPU at d=64 (experiments/PERF_LOG.md)
+
+
+def default_chunk_size(T: int) -> int:
+    """128, or the smallest allowed chunk that holds all of a shorter sequence."""
+    return next((c for c in CHUNK_SIZES if c >= min(T, DEFAULT_CHUNK_SIZE)), DEFAULT_CHUNK_SIZE)
+
+
+def check_chunk_size(chunk_size) -> None:
+    """chunk_size is None (the default for the length) or one of CHUNK_SIZES."""
+    check_choice("chunk_size", chunk_size, (None, *CHUNK_SIZES))
+
+
+def check_deg(deg) -> None:
+    """deg must be an even integer >= 2 (numpy ints too; bools are not ints here)."""
+    if isinstance(deg, bool) or not isinstance(deg, (int, np.integer)) or deg < 2 or deg % 2:
+        raise ValueError(f"deg must be an even integer >= 2 (2, 4, ...), got {deg!r}")
+
+
+def check_log_g(log_g, k) -> None:
+    """log_g is None or [B, T, H] like k's first three axes, floating."""
+    if log_g is None:
+        return
+    if getattr(log_g, "shape", None) != tuple(k.shape[:3]):
+        raise ValueError(f"log_g must have shape [B, T, H] = {tuple(k.shape[:3])}, got {getattr(log_g, 'shape', None)}")
+    if log_g.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"log_g must be a floating dtype (float32 preferred), got {log_g.dtype}")
