@@ -16,17 +16,20 @@ Run folder: run.json (the run record), train.lock, checkpoints/<step>/, checkpoi
 checkpoint was found damaged), tb/ (TensorBoard events: one run), summary.json (when the run finished).
 """
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from retention.data import prefetch
+from retention.data import Dataset, prefetch
 from retention.nn import LM, cache_bytes
 from retention.parallel import batch_sharding, check_batch, initialize_distributed, make_mesh, put_batch
 from retention.parallel import state_shardings as fsdp_shardings
@@ -66,48 +69,77 @@ def train(cfg: Config, run_dir: str, *, hparams: dict | None = None) -> dict:
         return _train(cfg, run_dir, lm, dataset, mesh, hparams or {})
 
 
+@dataclasses.dataclass
+class Session:
+    """What the steps of one run share: its config and data, checkpoints, TensorBoard writer and bookkeeping."""
+
+    cfg: Config
+    dataset: Dataset
+    put: Callable  # a host array -> the global batch array over the mesh
+    ckpt: Checkpoints
+    writer: MetricsWriter
+    progress: Progress
+    schedule: Callable  # step -> learning rate
+    eval_step: Callable
+
+    def evaluate(self, step: int, params) -> dict[int, dict[str, float]]:
+        """Evaluate at every eval scale and write each metric as eval/x{scale}/{name} at `step`."""
+        evals = evaluate_scales(self.eval_step, params, self.cfg, self.dataset, self.put)
+        tokens = step * self.cfg.data.batch_size * self.cfg.data.seq_len
+        for scale, values in evals.items():
+            self.writer.scalars(step, values, f"eval/x{scale}", tokens=tokens)
+        return evals
+
+
+def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardings, record: dict, init_state):
+    """(start step, state, saved progress): the newest good checkpoint of this run, else a fresh state made in its
+    shardings. ValueError when trainer.steps is below the newest checkpoint; RunMismatch for another run's."""
+    steps, listed = cfg.trainer.steps, ckpt.steps()
+    if listed and listed[-1] > steps:
+        raise ValueError(
+            f"trainer.steps={steps} is below step {listed[-1]}, the newest checkpoint of the run in {run_dir}: a run "
+            f"is never cut short. Continue it with trainer.steps >= {listed[-1]}, or train a shorter run in another "
+            "folder (hydra.run.dir=...)"
+        )
+    check = lambda saved, where: check_same_run(saved, record, where)
+    restored = ckpt.restore_latest(abstract_state, shardings, check_record=check)  # onto this mesh
+    if restored is None:
+        return 0, jax.jit(init_state, out_shardings=shardings)(), {}
+    log.info("resumed from the checkpoint at step %d in %s", restored.step, ckpt.directory)
+    if (before := restored.record["config"]["trainer"]["steps"]) != steps:
+        log.warning(
+            "trainer.steps changed from %d to %d: the learning rate now decays over %d steps", before, steps, steps
+        )
+    return restored.step, restored.state, restored.progress
+
+
 def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
     T, B, steps = cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.steps
     abstract_model = nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed)))  # shapes only
     n_params = abstract_model.param_count()
-    eval_lengths = [s * T for s in cfg.trainer.eval_scales]
-    caches = {L: model_cache_bytes(abstract_model, L) for L in (*eval_lengths, cfg.trainer.cache_len)}
+    caches = {
+        L: model_cache_bytes(abstract_model, L)
+        for L in (*(s * T for s in cfg.trainer.eval_scales), cfg.trainer.cache_len)
+    }
     graphdef = nnx.graphdef(abstract_model)
     tx, schedule = make_optimizer(cfg.optim, steps)
     init_state = make_init(lm, tx, cfg.seed)
     abstract_state = jax.eval_shape(init_state)
     shardings = fsdp_shardings(abstract_state, mesh)  # FSDP: each leaf over "fsdp" on its largest axis
-    put = functools.partial(put_batch, sharding=batch_sharding(mesh))
     primary = jax.process_index() == 0  # one process writes the record, the events and the summary
-
     record = run_record(cfg, lm, abstract_state["params"])
-    same_run = lambda saved, where: check_same_run(saved, record, where)
     if (saved := read_record(run_dir)) is not None:
-        same_run(saved, run_dir)
-    ckpt = Checkpoints(
-        os.path.join(run_dir, "checkpoints"), every=cfg.trainer.ckpt_every, keep=cfg.trainer.keep, record=record
-    )
-    try:
-        listed = ckpt.steps()
-        if listed and listed[-1] > steps:
-            raise ValueError(
-                f"trainer.steps={steps} is below step {listed[-1]}, the newest checkpoint of the run in {run_dir}: "
-                f"a run is never cut short. Continue it with trainer.steps >= {listed[-1]}, or train a shorter run "
-                "in another folder (hydra.run.dir=...)"
-            )
-        restored = ckpt.restore_latest(abstract_state, shardings, check_record=same_run)  # onto this mesh
-        if restored is not None:
-            start, state, saved_progress = restored.step, restored.state, restored.progress
-            log.info("resumed from the checkpoint at step %d in %s", start, ckpt.directory)
-            if restored.record["config"]["trainer"]["steps"] != steps:
-                log.warning(
-                    "trainer.steps changed to %d: the learning-rate schedule now decays over %d steps", *(steps,) * 2
-                )
-        else:
-            start, state, saved_progress = 0, jax.jit(init_state, out_shardings=shardings)(), {}
+        check_same_run(saved, record, run_dir)
+
+    with contextlib.ExitStack() as stack:
+        every, keep = cfg.trainer.ckpt_every, cfg.trainer.keep
+        ckpt = Checkpoints(os.path.join(run_dir, "checkpoints"), every=every, keep=keep, record=record)
+        stack.callback(ckpt.close)  # waits for the pending saves
+        start, state, saved_progress = _resume(ckpt, cfg, run_dir, abstract_state, shardings, record, init_state)
         if primary:
             write_json(os.path.join(run_dir, RECORD_FILE), record)
         writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start, enabled=primary)
+        stack.callback(writer.close)
         writer.start_session(run_hparams(cfg, lm, n_params, hparams), metric_tags(cfg))
         cache_scalars = {f"cache_bytes/x{s}": caches[s * T] for s in cfg.trainer.eval_scales}
         cache_scalars[f"cache_bytes/{cfg.trainer.cache_len}"] = caches[cfg.trainer.cache_len]
@@ -117,10 +149,10 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
             *(cfg.model.name, lm.pattern, lm.n_layers, lm.d_model, n_params, cfg.data.task, T, B, start, steps),
             dict(mesh.shape),
         )
+        put = functools.partial(put_batch, sharding=batch_sharding(mesh))
         progress = Progress(B * T, training_flops_per_token(lm, T), cfg.trainer.peak_flops, saved_progress)
-        traces = TraceCount()
-        eval_step = make_eval_step(graphdef, mesh=mesh)
-        compile_s = None
+        session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, make_eval_step(graphdef, mesh=mesh))
+        traces, compile_s = TraceCount(), None
         if start < steps:
             train_step = make_train_step(
                 graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
@@ -130,72 +162,68 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
                 device_batch(dataset.batch(start), np.asarray),
             )
             t0 = time.perf_counter()
-            compiled = train_step.lower(state, batch_shape).compile()
+            compiled = train_step.lower(state, batch_shape).compile()  # compile time apart from step time
             compile_s = time.perf_counter() - t0
             log.info("compiled the train step in %.1f s", compile_s)
             writer.scalars(start, {"compile_s": compile_s}, "perf")
-            state = _loop(cfg, compiled, state, start, dataset, put, ckpt, writer, progress, schedule, eval_step)
+            state = _loop(session, compiled, state, start)
         if traces.count > 1:
             log.error(
                 "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
             )
-        evals = evaluate_scales(eval_step, state["params"], cfg, dataset, put)
-    finally:
-        ckpt.close()
-    for s, values in evals.items():
-        writer.scalars(steps, values, f"eval/x{s}", tokens=steps * B * T)
-    perf = progress.perf(progress.tokens_per_s())
-    del perf["step_time_s"]
-    summary = {
-        "model": cfg.model.name,
-        "pattern": lm.pattern,
-        "n_layers": lm.n_layers,
-        "d_model": lm.d_model,
-        "layer_kinds": lm.layer_kinds,
-        "params": n_params,
-        "task": cfg.data.task,
-        "seq_len": T,
-        "batch_size": B,
-        "steps": steps,
-        "tokens_seen": steps * B * T,
-        "resumed_from": start,
-        "final_loss": evals[cfg.trainer.eval_scales[0]]["loss"],
-        "eval": {str(s * T): values for s, values in evals.items()},
-        "eval_lengths": {f"x{s}": s * T for s in cfg.trainer.eval_scales},
-        "cache_bytes": {str(L): b for L, b in caches.items()},
-        "train_traces": traces.count,
-        "compile_s": compile_s,
-        "initial_loss": progress.initial_loss,
-        "train_loss": progress.train_loss,
-        **perf,
-    }
-    summary = finite_json(summary)
-    writer.end_session()
-    writer.close()
+        evals = session.evaluate(steps, state["params"])
+        ckpt.manager.wait_until_finished()  # the summary says the run is done: its last checkpoint is on disk
+        summary = {
+            "model": cfg.model.name,
+            "pattern": lm.pattern,
+            "n_layers": lm.n_layers,
+            "d_model": lm.d_model,
+            "layer_kinds": lm.layer_kinds,
+            "params": n_params,
+            "task": cfg.data.task,
+            "seq_len": T,
+            "batch_size": B,
+            "steps": steps,
+            "tokens_seen": steps * B * T,
+            "resumed_from": start,
+            "final_loss": evals[cfg.trainer.eval_scales[0]]["loss"],
+            "eval": {str(s * T): values for s, values in evals.items()},
+            "eval_lengths": {f"x{s}": s * T for s in cfg.trainer.eval_scales},
+            "cache_bytes": {str(L): b for L, b in caches.items()},
+            "train_traces": traces.count,
+            "compile_s": compile_s,
+            "initial_loss": progress.initial_loss,
+            "train_loss": progress.train_loss,
+            **progress.perf(progress.tokens_per_s()),
+        }
+        summary = finite_json(summary)
+        writer.end_session()
     if primary:
         write_json(os.path.join(run_dir, "summary.json"), summary)
     log.info("summary: %s", summary)
     return summary
 
 
-def _loop(cfg: Config, compiled, state, start, dataset, put, ckpt, writer, progress, schedule, eval_step):
+def _loop(session: Session, compiled, state, start: int):
     """Steps start+1 .. trainer.steps; returns the final state. Checkpoints on Orbax's policy, at a stop signal or
     preemption sync point (then exits), and at the end."""
-    T, B, steps = cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.steps
-    batches = prefetch(dataset.batch, start, steps, size=cfg.data.prefetch)
+    cfg, ckpt, writer, progress = session.cfg, session.ckpt, session.writer, session.progress
+    tokens_per_step, steps = cfg.data.batch_size * cfg.data.seq_len, cfg.trainer.steps
+    batches = prefetch(session.dataset.batch, start, steps, size=cfg.data.prefetch)
     bar = tqdm(total=steps, initial=start, disable=not cfg.trainer.progress, unit="step", dynamic_ncols=True)
     progress.restart_clock()
     try:  # no implicit device-to-host copy in the loop: only the log, eval and save points fetch, explicitly
         with StopSignals() as stop, jax.transfer_guard_device_to_host("disallow"):
             for step, batch in enumerate(batches, start=start):
-                state, metrics = compiled(state, device_batch(batch, put))  # queued: nothing waits for it here
-                done, tokens = step + 1, (step + 1) * B * T
+                state, metrics = compiled(state, device_batch(batch, session.put))  # queued: nothing waits here
+                done, tokens = step + 1, (step + 1) * tokens_per_step
                 progress.pending.append(metrics)
                 bar.update(1)
                 stopping = stop.signum is not None or ckpt.reached_preemption(done)
                 if done % cfg.trainer.log_every == 0 or done == steps:
                     mean, perf = progress.log(done)
-                    writer.scalars(done, {**mean, "lr": float(jax.device_get(schedule(step)))}, "train", tokens=tokens)
+                    lr = float(jax.device_get(session.schedule(step)))
+                    writer.scalars(done, {**mean, "lr": lr}, "train", tokens=tokens)
                     writer.scalars(done, {"tokens_seen": tokens}, "train")
                     writer.scalars(done, perf, "perf")
                     bar.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f"{perf['tokens_per_s']:.0f}")
@@ -205,8 +233,7 @@ def _loop(cfg: Config, compiled, state, start, dataset, put, ckpt, writer, progr
                     )
                 if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0 and done < steps:
                     with progress.paused(state):
-                        for s, values in evaluate_scales(eval_step, state["params"], cfg, dataset, put).items():
-                            writer.scalars(done, values, f"eval/x{s}", tokens=tokens)
+                        session.evaluate(done, state["params"])
                 if stopping or done == steps or ckpt.should_save(done):
                     with progress.paused(state):
                         progress.fetch(done)  # a NaN loss is never checkpointed

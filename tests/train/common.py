@@ -47,9 +47,10 @@ def compose_config(overrides: list[str]) -> Config:
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
 
-def start_train_py(run_dir, overrides: list[str]) -> subprocess.Popen:
-    """`python train.py` with the overrides in `run_dir`, stdout and stderr merged into one text pipe."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+def start_train_py(run_dir, overrides: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`python train.py` with the overrides in `run_dir` (and more environment variables `env`), stdout and
+    stderr merged into one text pipe."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT,

@@ -7,6 +7,8 @@ flipped bit in a checkpoint's data is caught by its checksums or changes nothing
 import logging
 import os
 import signal
+import socket
+import time
 
 import jax
 import numpy as np
@@ -41,7 +43,9 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     p_whole, p_killed = start_train_py(whole, overrides), start_train_py(killed, overrides)
     out_whole, out_killed = Output(p_whole), Output(p_killed)
-    assert out_killed.wait_for("step 20:", timeout=120), out_killed.text()
+    deadline = time.time() + 120
+    while not [s for s in saved_steps(killed) if s >= 20] and time.time() < deadline and p_killed.poll() is None:
+        time.sleep(0.02)
     p_killed.send_signal(signal.SIGKILL)
     assert p_killed.wait(timeout=30) == -signal.SIGKILL, out_killed.text()
     kept = saved_steps(killed)
@@ -66,6 +70,30 @@ def test_stop_signal_saves_then_exits(tmp_path, signum):
     assert len(steps) == 1 and steps[0] >= 3, (steps, out.text())
     assert f"saved the checkpoint at step {steps[0]}" in out.text()
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_two_processes_agree_on_the_step_to_save(tmp_path):
+    """A two-process job (CPU, gloo): SIGTERM to process 0 alone reaches process 1 through JAX's preemption
+    service; both save the same step (Orbax's preemption sync point) and exit."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    job = [*TINY, "trainer.steps=100000", "trainer.ckpt_every=100000", "trainer.log_every=20"]
+    job += [f"mesh.coordinator_address=localhost:{port}", "mesh.num_processes=2"]
+    env = {"JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+    procs = [start_train_py(tmp_path, [*job, f"mesh.process_id={i}"], env) for i in range(2)]
+    outs = [Output(p) for p in procs]
+    try:
+        assert outs[0].wait_for("step 20:", timeout=180), outs[0].text()
+        procs[0].send_signal(signal.SIGTERM)
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [128 + signal.SIGTERM] * 2, [o.text()[-3000:] for o in outs]
+    (step,) = saved_steps(tmp_path)
+    for out in outs:
+        assert f"saved the checkpoint at step {step}" in out.text()
 
 
 def test_stop_signals_record_then_hand_on():
