@@ -157,8 +157,10 @@ class Checkpoints:
         """The parameters alone (no optimizer state) of checkpoint `step`, restored into the shardings of
         `abstract_params` (jax.ShapeDtypeStructs) and checked against their checksums (ValueError when damaged)."""
         checksums = {k: v for k, v in self.metadata(step)["checksums"].items() if k.startswith("['params']")}
+        if not checksums:
+            raise ValueError(f"checkpoint {step} in {self.directory} has no checksums of its parameters")
         restored = self._restore(step, {"params": abstract_params}, partial=True)
-        if problem := _damage(*mismatched(checksums, restored)) if checksums else "no checksums of its parameters":
+        if problem := _damage(*mismatched(checksums, restored)):
             raise ValueError(f"checkpoint {step} in {self.directory} is damaged: {problem}")
         return restored["params"]
 
