@@ -48,7 +48,7 @@ def table(summaries: list[dict]) -> str:
                 f"{s['final_loss']:.3f}",
                 accuracy(s, T),
                 accuracy(s, long),
-                f"{s['tokens_per_s']:,.0f}",
+                "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:,.0f}",
                 human_bytes(s["cache_bytes"][str(cache_len(s))]),
             ]
         )

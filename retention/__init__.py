@@ -25,6 +25,7 @@ from retention.ops import (
     sympow,
     sympow_dim,
 )
+from retention.run import load_run
 
 __all__ = [
     "LM",
@@ -40,6 +41,7 @@ __all__ = [
     "generate",
     "init_kv_cache",
     "init_state",
+    "load_run",
     "power_retention",
     "power_retention_reference",
     "power_retention_step",

@@ -5,6 +5,7 @@ attention layers carry a KV cache of prompt + new tokens (or a window's worth fo
 """
 
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,13 @@ def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None,
     return jax.random.categorical(key, logits_BV / temperature, axis=-1).astype(jnp.int32)
 
 
+class Generated(NamedTuple):
+    """What `generate` returns."""
+
+    tokens: Int[Array, "B T0+N"]  # each prompt row then its continuation; eos_id after a row's first eos
+    lengths: Int[Array, " B"]  # T0 + the tokens each row generated up to and including its first eos (T0 + N: none)
+
+
 def generate(
     model: LM,
     prompt_BT: Int[Array, "B T0"],
@@ -32,50 +40,61 @@ def generate(
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
-    key: PRNGKeyArray,
-) -> Int[Array, "B T0+N"]:
-    """Continue each prompt row by max_new_tokens sampled tokens; returns prompt and continuation [B, T0 + N].
+    key: PRNGKeyArray | None = None,
+    eos_id: int | None = None,
+) -> Generated:
+    """Continue each prompt row by up to max_new_tokens tokens: (tokens [B, T0 + N], lengths [B]).
 
-    temperature 0 is greedy (argmax); top_k keeps only the k most likely tokens. The prefill and the whole token
-    loop (a lax.fori_loop of decode steps) run in one compiled function, with no host round trip per token.
+    temperature 0 is greedy (argmax) and needs no `key`; otherwise tokens are drawn with `key`, from the top_k
+    most likely tokens when given. With `eos_id`, a row stops at its first generated eos_id: the positions after
+    it hold eos_id and `lengths` says where each row stopped; the loop ends when every row has. The prefill and
+    the whole token loop (a lax.while_loop of decode steps) run in one compiled function, with no host round trip
+    per token.
     """
     check_int("max_new_tokens", max_new_tokens)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    vocab = model.config.vocab_size
     if top_k is not None:
         check_int("top_k", top_k)
-        if top_k > model.config.vocab_size:
-            raise ValueError(f"top_k must be <= vocab_size={model.config.vocab_size}, got {top_k}")
+        if top_k > vocab:
+            raise ValueError(f"top_k must be <= vocab_size={vocab}, got {top_k}")
+    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < vocab):
+        raise ValueError(f"eos_id must be None or an int in [0, vocab_size={vocab}), got {eos_id!r}")
+    greedy = temperature == 0
+    if key is None and not greedy:
+        raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
     if getattr(prompt_BT, "ndim", None) != 2 or not jnp.issubdtype(prompt_BT.dtype, jnp.integer):
         raise ValueError(f"prompt must be an int array [B, T0], got {getattr(prompt_BT, 'shape', prompt_BT)}")
     graphdef, state = nnx.split(model)
-    return _generate(
-        graphdef,
-        state,
-        jnp.asarray(prompt_BT, jnp.int32),
-        key,
-        jnp.float32(temperature),
-        max_new_tokens=max_new_tokens,
-        top_k=top_k,
-        greedy=temperature == 0,
-    )
+    key = jax.random.key(0) if key is None else key  # greedy: never drawn from
+    eos = jnp.int32(-1 if eos_id is None else eos_id)
+    prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
+    options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy}
+    return Generated(*_generate(graphdef, state, prompt_BT, key, jnp.float32(temperature), eos, **options))
 
 
 @partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-def _generate(graphdef, state, prompt_BT, key, temperature, *, max_new_tokens, top_k, greedy):
+def _generate(graphdef, state, prompt_BT, key, temperature, eos, *, max_new_tokens, top_k, greedy):
+    """(tokens [B, T0 + N], lengths [B]); eos = -1 matches no token (no eos_id)."""
     model = nnx.merge(graphdef, state)
     B, T0 = prompt_BT.shape
     N = max_new_tokens
     keys = jax.random.split(key, N)
     logits, caches = model.prefill(prompt_BT, T0 + N)
-    new_BN = jnp.zeros((B, N), jnp.int32).at[:, 0].set(_sample(logits[:, -1], keys[0], temperature, top_k, greedy))
+    first_B = _sample(logits[:, -1], keys[0], temperature, top_k, greedy)
+    new_BN = jnp.full((B, N), jnp.maximum(eos, 0), jnp.int32).at[:, 0].set(first_B)
 
-    def body(i, carry):
-        new_BN, caches = carry
+    def body(carry):
+        i, new_BN, caches, done_B = carry
         last_B1 = jax.lax.dynamic_slice_in_dim(new_BN, i - 1, 1, axis=1)
         logits, caches = model.decode_step(last_B1, caches)
-        token_B = _sample(logits[:, -1], keys[i], temperature, top_k, greedy)
-        return jax.lax.dynamic_update_slice_in_dim(new_BN, token_B[:, None], i, axis=1), caches
+        token_B = jnp.where(done_B, eos, _sample(logits[:, -1], keys[i], temperature, top_k, greedy))
+        new_BN = jax.lax.dynamic_update_slice_in_dim(new_BN, token_B[:, None], i, axis=1)
+        return i + 1, new_BN, caches, done_B | (token_B == eos)
 
-    new_BN, _ = jax.lax.fori_loop(1, N, body, (new_BN, caches))
-    return jnp.concatenate([prompt_BT, new_BN], axis=1)
+    running = lambda carry: (carry[0] < N) & ~jnp.all(carry[3])
+    _, new_BN, _, _ = jax.lax.while_loop(running, body, (jnp.int32(1), new_BN, caches, first_B == eos))
+    is_eos_BN = new_BN == eos
+    stopped_B = jnp.where(jnp.any(is_eos_BN, axis=1), jnp.argmax(is_eos_BN, axis=1) + 1, N)
+    return jnp.concatenate([prompt_BT, new_BN], axis=1), T0 + stopped_B.astype(jnp.int32)

@@ -14,11 +14,12 @@ from experiments.compare.models import compose_config, lm_cache_bytes, model_ove
 from experiments.compare.presets import Preset
 from experiments.decode_speed import ms_per_token
 from experiments.timing import run_times
+from retention.data import Batch
 from retention.nn import LM
 from retention.train.config import Config, make_lm_config
 from retention.train.metrics import throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_train_step
+from retention.train.step import TraceCount, device_batch, make_train_step
 
 VOCAB = 256  # byte-level, as the text task
 CACHE_CONTEXTS = tuple(1024 * 4**i for i in range(6))  # 1k .. 1M tokens: shapes only, nothing allocated
@@ -32,14 +33,14 @@ def train_step_time(cfg: Config, T: int, B: int, repeats: int, peak_flops: float
     tx, _ = make_optimizer(cfg.optim, 1000)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
     tokens = jax.random.randint(jax.random.key(T), (B, T + 1), 0, VOCAB, dtype=jnp.int32)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    compiled = make_train_step(graphdef, tx, TraceCount()).lower(state, inputs, targets).compile()
+    batch = device_batch(Batch(tokens[:, :-1], tokens[:, 1:]))
+    compiled = make_train_step(graphdef, tx, TraceCount()).lower(state, batch).compile()
     memory = compiled.memory_analysis()
 
     def step():
         """One step from the state the last one returned (the step donates its input state)."""
         nonlocal state
-        state, metrics = compiled(state, inputs, targets)
+        state, metrics = compiled(state, batch)
         return state, metrics
 
     times = run_times(step, repeats=repeats)

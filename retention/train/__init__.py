@@ -1,4 +1,7 @@
-"""Training: structured configs, AdamW, the compiled step, Orbax checkpoints, TensorBoard metrics, the loop."""
+"""Training: structured configs (config), AdamW (optimizer), the compiled steps (step) and evaluation (evaluate),
+Orbax checkpoints with per-array checksums (checkpoint, checksum), the run folder's record and lock (record,
+lock), stop signals and preemption (signals), TensorBoard and HParams (metrics, hparams), the loop (loop,
+progress)."""
 
 from retention.train.config import (
     DATA_SCHEMAS,

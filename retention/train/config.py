@@ -209,8 +209,13 @@ def check_optim_trainer(optim: OptimConfig, trainer: TrainerConfig) -> None:
         check_int("trainer.eval_scales[i]", scale)
 
 
+SEED_LIMIT = 2**32  # jax.random.key keeps 32 bits of a seed: larger seeds would repeat smaller ones
+
+
 def build(cfg: Config) -> tuple[LMConfig, Dataset]:
     """Check every value of `cfg`; returns the model's LMConfig and the data generator."""
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an int in [0, 2**32), got {cfg.seed!r}")
     check_optim_trainer(cfg.optim, cfg.trainer)
     dataset = make_dataset(cfg.data, cfg.seed)
     for scale in cfg.trainer.eval_scales:

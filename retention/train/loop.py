@@ -1,46 +1,49 @@
-"""The training loop: build from a validated Config, resume from the newest good checkpoint, train with
-prefetched batches and one compiled step, log to TensorBoard, evaluate at the training length and longer ones,
-and write `summary.json` in the run folder.
+"""The training loop: build from a validated Config, lock the run folder, resume from the newest good checkpoint
+of the same run, train with prefetched batches and one ahead-of-time compiled step, log to TensorBoard, evaluate
+at the training length and longer ones, and write `summary.json` in the run folder.
 
 Batch i of the training stream is a function of (seed, i), so a run resumed at step s sees exactly the batches
-an uninterrupted run would. SIGTERM or SIGINT saves a checkpoint after the current step and exits with
-128 + the signal number; a non-finite loss stops the run (NonFiniteLoss) without writing a checkpoint.
+an uninterrupted run would. A run folder holds one run (retention/train/record.py): resuming it with another
+model, data, optimizer or seed, or with trainer.steps below its newest checkpoint, stops before any work.
+SIGTERM, SIGINT or SIGUSR2 saves a checkpoint after the current step and exits with 128 + the signal number
+(retention/train/signals.py); a non-finite loss stops the run (NonFiniteLoss) without writing a checkpoint.
 
 The same loop runs on one device or many (retention/parallel): it joins a multi-host job when there is one,
 builds the `mesh` config's (data, fsdp, sequence) mesh over all devices, makes the state FSDP-sharded and feeds
 batches split over it; checkpoints restore onto the current mesh whichever wrote them.
+
+Run folder: run.json (the run record), train.lock, checkpoints/<step>/, checkpoints_damaged/ (only when a
+checkpoint was found damaged), tb/ (TensorBoard events: one run), summary.json (when the run finished).
 """
 
+import contextlib
 import dataclasses
 import functools
-import json
 import logging
-import math
 import os
-import signal
-import statistics
 import time
+from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from retention.data import prefetch
-from retention.nn import LM, LMConfig, cache_bytes
-from retention.parallel import (
-    batch_sharding,
-    check_batch,
-    initialize_distributed,
-    make_mesh,
-    put_batch,
-    state_shardings,
-)
+from retention.data import Dataset, prefetch
+from retention.nn import LM, cache_bytes
+from retention.parallel import batch_sharding, check_batch, initialize_distributed, make_mesh, put_batch
+from retention.parallel import state_shardings as fsdp_shardings
 from retention.train.checkpoint import Checkpoints
 from retention.train.config import Config, build
-from retention.train.metrics import MetricsWriter, throughput, training_flops_per_token
+from retention.train.evaluate import evaluate_scales
+from retention.train.hparams import metric_tags, run_hparams
+from retention.train.lock import RunLock
+from retention.train.metrics import MetricsWriter, training_flops_per_token
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_eval_step, make_init, make_train_step, ratios
+from retention.train.progress import Progress
+from retention.train.record import RECORD_FILE, check_same_run, finite_json, read_record, run_record, write_json
+from retention.train.signals import StopSignals
+from retention.train.step import TraceCount, device_batch, make_eval_step, make_init, make_train_step
 
 log = logging.getLogger(__name__)
 
@@ -49,202 +52,200 @@ class NonFiniteLoss(FloatingPointError):
     """The training loss, or the parameters about to be checkpointed, became NaN or inf."""
 
 
-class StopSignals:
-    """Within the block, SIGTERM and SIGINT only record their number in `.signum` (the loop saves, then exits)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __enter__(self):
-        self.signum = None
-        self.previous = {s: signal.signal(s, self._record) for s in self.SIGNALS}
-        return self
-
-    def _record(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
 def model_cache_bytes(model: LM, length: int) -> int:
     """Bytes of one sequence's decode caches at `length` tokens (shapes only, nothing allocated)."""
     return cache_bytes(jax.eval_shape(lambda: model.init_caches(1, length)))
 
 
-def eval_sets(cfg: Config, dataset, seq_len: int) -> dict:
-    """name -> function of a batch index giving an eval batch at seq_len (passkey: also one set per depth)."""
-    sets = {"": lambda i: dataset.batch(i, seq_len=seq_len, split="eval")}
-    if cfg.data.task == "passkey":
-        for depth in dataset.depths:
-            sets[f"depth{depth:g}/"] = lambda i, d=depth: dataset.batch(i, seq_len=seq_len, split="eval", depth=d)
-    return sets
-
-
-def evaluate(eval_step, params, cfg: Config, dataset, seq_len: int, put=jnp.asarray) -> dict[str, float]:
-    """loss, accuracy, exact_match over trainer.eval_batches eval batches at seq_len (keys prefixed per set);
-    `put` places a host batch on the devices."""
-    out = {}
-    for name, make_batch in eval_sets(cfg, dataset, seq_len).items():
-        total = None
-        for i in range(cfg.trainer.eval_batches):
-            b = make_batch(i)
-            sums = eval_step(params, put(b.inputs), put(b.targets))
-            total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-        out.update({name + k: v for k, v in ratios(total).items()})
-    return out
-
-
-def hparams_of(cfg: Config, lm: LMConfig, n_params: int) -> dict:
-    """The flat hyperparameters shown in TensorBoard's HParams tab."""
-    flat = {
-        f"{group}.{k}": v
-        for group in ("model", "data", "optim", "trainer", "mesh")
-        for k, v in dataclasses.asdict(getattr(cfg, group)).items()
-    }
-    return {**flat, "data.task": cfg.data.task, "model.d_model": lm.d_model, "seed": cfg.seed, "params": n_params}
-
-
-def train(cfg: Config, run_dir: str) -> dict:
-    """Train per `cfg` with everything written under `run_dir`; returns (and writes) the run's summary."""
+def train(cfg: Config, run_dir: str, *, hparams: dict | None = None) -> dict:
+    """Train per `cfg` with everything written under `run_dir`; returns (and writes) the run's summary.
+    `hparams`: more HParams keys (train.py passes the command line's overrides, a sweep's varied keys)."""
     initialize_distributed(cfg.mesh.coordinator_address, cfg.mesh.num_processes, cfg.mesh.process_id)
     lm, dataset = build(cfg)
-    T, B = cfg.data.seq_len, cfg.data.batch_size
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence)
-    check_batch(B, T, mesh)
+    check_batch(cfg.data.batch_size, cfg.data.seq_len, mesh)
+    lock = "train.lock" if jax.process_count() == 1 else f"train.{jax.process_index()}.lock"
+    with RunLock(run_dir, lock):
+        return _train(cfg, run_dir, lm, dataset, mesh, hparams or {})
+
+
+@dataclasses.dataclass
+class Session:
+    """What the steps of one run share: its config and data, checkpoints, TensorBoard writer and bookkeeping."""
+
+    cfg: Config
+    dataset: Dataset
+    put: Callable  # a host array -> the global batch array over the mesh
+    ckpt: Checkpoints
+    writer: MetricsWriter
+    progress: Progress
+    schedule: Callable  # step -> learning rate
+    eval_step: Callable
+
+    def evaluate(self, step: int, params) -> dict[int, dict[str, float]]:
+        """Evaluate at every eval scale and write each metric as eval/x{scale}/{name} at `step`."""
+        evals = evaluate_scales(self.eval_step, params, self.cfg, self.dataset, self.put)
+        tokens = step * self.cfg.data.batch_size * self.cfg.data.seq_len
+        for scale, values in evals.items():
+            self.writer.scalars(step, values, f"eval/x{scale}", tokens=tokens)
+        return evals
+
+
+def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardings, record: dict, init_state):
+    """(start step, state, saved progress): the newest good checkpoint of this run, else a fresh state made in its
+    shardings. ValueError when trainer.steps is below the newest checkpoint; RunMismatch for another run's."""
+    steps, listed = cfg.trainer.steps, ckpt.steps()
+    if listed and listed[-1] > steps:
+        raise ValueError(
+            f"trainer.steps={steps} is below step {listed[-1]}, the newest checkpoint of the run in {run_dir}: a run "
+            f"is never cut short. Continue it with trainer.steps >= {listed[-1]}, or train a shorter run in another "
+            "folder (hydra.run.dir=...)"
+        )
+    check = lambda saved, where: check_same_run(saved, record, where)
+    restored = ckpt.restore_latest(abstract_state, shardings, check_record=check)  # onto this mesh
+    if restored is None:
+        return 0, jax.jit(init_state, out_shardings=shardings)(), {}
+    log.info("resumed from the checkpoint at step %d in %s", restored.step, ckpt.directory)
+    if (before := restored.record["config"]["trainer"]["steps"]) != steps:
+        log.warning(
+            "trainer.steps changed from %d to %d: the learning rate now decays over %d steps", before, steps, steps
+        )
+    return restored.step, restored.state, restored.progress
+
+
+def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
+    T, B, steps = cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.steps
     abstract_model = nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed)))  # shapes only
     n_params = abstract_model.param_count()
-    eval_lengths = [s * T for s in cfg.trainer.eval_scales]
-    caches = {L: model_cache_bytes(abstract_model, L) for L in (*eval_lengths, cfg.trainer.cache_len)}
+    caches = {
+        L: model_cache_bytes(abstract_model, L)
+        for L in (*(s * T for s in cfg.trainer.eval_scales), cfg.trainer.cache_len)
+    }
     graphdef = nnx.graphdef(abstract_model)
-    tx, schedule = make_optimizer(cfg.optim, cfg.trainer.steps)
-
+    tx, schedule = make_optimizer(cfg.optim, steps)
     init_state = make_init(lm, tx, cfg.seed)
     abstract_state = jax.eval_shape(init_state)
-    shardings = state_shardings(abstract_state, mesh)  # FSDP: each leaf over "fsdp" on its largest axis
-    put = functools.partial(put_batch, sharding=batch_sharding(mesh))
+    shardings = fsdp_shardings(abstract_state, mesh)  # FSDP: each leaf over "fsdp" on its largest axis
+    primary = jax.process_index() == 0  # one process writes the record, the events and the summary
+    record = run_record(cfg, lm, abstract_state["params"])
+    if (saved := read_record(run_dir)) is not None:
+        check_same_run(saved, record, run_dir)
 
-    ckpt = Checkpoints(os.path.join(run_dir, "checkpoints"), every=cfg.trainer.ckpt_every, keep=cfg.trainer.keep)
-    restored = ckpt.restore_latest(abstract_state, shardings)  # onto this mesh, whichever mesh wrote it
-    if restored is not None:
-        start, state = restored
-        log.info("resumed from the checkpoint at step %d in %s", start, ckpt.directory)
-    else:
-        start, state = 0, jax.jit(init_state, out_shardings=shardings)()  # made in place, shard by shard
-    primary = jax.process_index() == 0  # one process writes the events and the summary
-    writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start, enabled=primary)
-    writer.scalars(start, {"params": n_params, **{f"cache_bytes/{L}": b for L, b in caches.items()}}, "model")
-    log.info(
-        "%s: pattern %s x %d layers, d_model %d, %d params; %s T=%d B=%d; steps %d..%d; mesh %s",
-        cfg.model.name,
-        lm.pattern,
-        lm.n_layers,
-        lm.d_model,
-        n_params,
-        cfg.data.task,
-        T,
-        B,
-        start,
-        cfg.trainer.steps,
-        dict(mesh.shape),
-    )
+    with contextlib.ExitStack() as stack:
+        every, keep = cfg.trainer.ckpt_every, cfg.trainer.keep
+        ckpt = Checkpoints(os.path.join(run_dir, "checkpoints"), every=every, keep=keep, record=record)
+        stack.callback(ckpt.close)  # waits for the pending saves
+        start, state, saved_progress = _resume(ckpt, cfg, run_dir, abstract_state, shardings, record, init_state)
+        if primary:
+            write_json(os.path.join(run_dir, RECORD_FILE), record)
+        writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start, enabled=primary)
+        stack.callback(writer.close)
+        writer.start_session(run_hparams(cfg, lm, n_params, hparams), metric_tags(cfg))
+        cache_scalars = {f"cache_bytes/x{s}": caches[s * T] for s in cfg.trainer.eval_scales}
+        cache_scalars[f"cache_bytes/{cfg.trainer.cache_len}"] = caches[cfg.trainer.cache_len]
+        writer.scalars(start, {"params": n_params, **cache_scalars}, "model")
+        log.info(
+            "%s: pattern %s x %d layers, d_model %d, %d params; %s T=%d B=%d; steps %d..%d; mesh %s",
+            *(cfg.model.name, lm.pattern, lm.n_layers, lm.d_model, n_params, cfg.data.task, T, B, start, steps),
+            dict(mesh.shape),
+        )
+        put = functools.partial(put_batch, sharding=batch_sharding(mesh))
+        progress = Progress(B * T, training_flops_per_token(lm, T), cfg.trainer.peak_flops, saved_progress)
+        session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, make_eval_step(graphdef, mesh=mesh))
+        traces, compile_s = TraceCount(), None
+        if start < steps:
+            train_step = make_train_step(
+                graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
+            )
+            batch_shape = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh)),
+                device_batch(dataset.batch(start), np.asarray),
+            )
+            t0 = time.perf_counter()
+            compiled = train_step.lower(state, batch_shape).compile()  # compile time apart from step time
+            compile_s = time.perf_counter() - t0
+            log.info("compiled the train step in %.1f s", compile_s)
+            writer.scalars(start, {"compile_s": compile_s}, "perf")
+            state = _loop(session, compiled, state, start)
+        if traces.count > 1:
+            log.error(
+                "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
+            )
+        evals = session.evaluate(steps, state["params"])
+        ckpt.manager.wait_until_finished()  # the summary says the run is done: its last checkpoint is on disk
+        summary = {
+            "model": cfg.model.name,
+            "pattern": lm.pattern,
+            "n_layers": lm.n_layers,
+            "d_model": lm.d_model,
+            "layer_kinds": lm.layer_kinds,
+            "params": n_params,
+            "task": cfg.data.task,
+            "seq_len": T,
+            "batch_size": B,
+            "steps": steps,
+            "tokens_seen": steps * B * T,
+            "resumed_from": start,
+            "final_loss": evals[cfg.trainer.eval_scales[0]]["loss"],
+            "eval": {str(s * T): values for s, values in evals.items()},
+            "eval_lengths": {f"x{s}": s * T for s in cfg.trainer.eval_scales},
+            "cache_bytes": {str(L): b for L, b in caches.items()},
+            "train_traces": traces.count,
+            "compile_s": compile_s,
+            "initial_loss": progress.initial_loss,
+            "train_loss": progress.train_loss,
+            **progress.perf(progress.tokens_per_s()),
+        }
+        summary = finite_json(summary)
+        writer.end_session()
+    if primary:
+        write_json(os.path.join(run_dir, "summary.json"), summary)
+    log.info("summary: %s", summary)
+    return summary
 
-    traces = TraceCount()
-    train_step = make_train_step(
-        graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
-    )
-    eval_step = make_eval_step(graphdef, mesh=mesh)
-    flops_tok = training_flops_per_token(lm, T)
-    step_times, window, losses = [], [], {}
-    batches = prefetch(dataset.batch, start, cfg.trainer.steps, size=cfg.data.prefetch)
-    bar = tqdm(
-        total=cfg.trainer.steps, initial=start, disable=not cfg.trainer.progress, unit="step", dynamic_ncols=True
-    )
-    try:
-        with StopSignals() as stop:
+
+def _loop(session: Session, compiled, state, start: int):
+    """Steps start+1 .. trainer.steps; returns the final state. Checkpoints on Orbax's policy, at a stop signal or
+    preemption sync point (then exits), and at the end."""
+    cfg, ckpt, writer, progress = session.cfg, session.ckpt, session.writer, session.progress
+    tokens_per_step, steps = cfg.data.batch_size * cfg.data.seq_len, cfg.trainer.steps
+    batches = prefetch(session.dataset.batch, start, steps, size=cfg.data.prefetch)
+    bar = tqdm(total=steps, initial=start, disable=not cfg.trainer.progress, unit="step", dynamic_ncols=True)
+    progress.restart_clock()
+    try:  # no implicit device-to-host copy in the loop: only the log, eval and save points fetch, explicitly
+        with StopSignals() as stop, jax.transfer_guard_device_to_host("disallow"):
             for step, batch in enumerate(batches, start=start):
-                t0 = time.perf_counter()
-                state, metrics = train_step(state, put(batch.inputs), put(batch.targets))
-                metrics = {k: float(v) for k, v in metrics.items()}
-                seconds = time.perf_counter() - t0
-                done = step + 1
-                try:
-                    if not math.isfinite(metrics["loss"]):
-                        raise FloatingPointError(f"the loss is {metrics['loss']} at step {done}")
-                    ckpt.save(done, state)  # refuses parameters with NaN or inf
-                except FloatingPointError as e:
-                    raise NonFiniteLoss(
-                        f"{e}: stopped; the last good checkpoint is step "
-                        f"{ckpt.manager.latest_step()} in {ckpt.directory}"
-                    ) from None
-                if step > start:  # the first step of a process includes compilation
-                    step_times.append(seconds)
-                window.append(metrics)
-                losses.setdefault("initial_loss", metrics["loss"])
-                perf = throughput(B * T, seconds, flops_tok, cfg.trainer.peak_flops)
+                state, metrics = compiled(state, device_batch(batch, session.put))  # queued: nothing waits here
+                done, tokens = step + 1, (step + 1) * tokens_per_step
+                progress.pending.append(metrics)
                 bar.update(1)
-                bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{perf['tokens_per_s']:.0f}")
-                if done % cfg.trainer.log_every == 0 or done == cfg.trainer.steps:
-                    mean = {k: statistics.fmean(m[k] for m in window) for k in window[0]}
-                    losses["train_loss"] = mean["loss"]
-                    writer.scalars(done, {**mean, "lr": float(schedule(step))}, "train")
-                    writer.scalars(done, {**perf, "step_time_s": seconds}, "perf")
+                stopping = stop.signum is not None or ckpt.reached_preemption(done)
+                if done % cfg.trainer.log_every == 0 or done == steps:
+                    mean, perf = progress.log(done)
+                    lr = float(jax.device_get(session.schedule(step)))
+                    writer.scalars(done, {**mean, "lr": lr}, "train", tokens=tokens)
+                    writer.scalars(done, {"tokens_seen": tokens}, "train")
+                    writer.scalars(done, perf, "perf")
+                    bar.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f"{perf['tokens_per_s']:.0f}")
                     log.info(
                         "step %d: loss %.4f accuracy %.3f grad_norm %.3f %.0f tok/s",
-                        done,
-                        mean["loss"],
-                        mean["accuracy"],
-                        mean["grad_norm"],
-                        perf["tokens_per_s"],
+                        *(done, mean["loss"], mean["accuracy"], mean["grad_norm"], perf["tokens_per_s"]),
                     )
-                    window = []
-                if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0 and done < cfg.trainer.steps:
-                    for L in eval_lengths:
-                        writer.scalars(done, evaluate(eval_step, state["params"], cfg, dataset, L, put), f"eval_{L}")
-                if stop.signum is not None:
-                    ckpt.save(done, state, force=True)
-                    log.warning(
-                        "signal %d: saved the checkpoint at step %d in %s; exiting", stop.signum, done, ckpt.directory
-                    )
-                    raise SystemExit(128 + stop.signum)
-        ckpt.save(cfg.trainer.steps, state, force=True)
+                if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0 and done < steps:
+                    with progress.paused(state):
+                        session.evaluate(done, state["params"])
+                if stopping or done == steps or ckpt.should_save(done):
+                    with progress.paused(state):
+                        progress.fetch(done)  # a NaN loss is never checkpointed
+                        with jax.transfer_guard_device_to_host("allow"):  # Orbax copies the state to the host
+                            ckpt.save(done, state, progress=progress.record())  # refuses NaN or inf parameters
+                if stopping:
+                    log.warning("stop requested: saved the checkpoint at step %d in %s; exiting", done, ckpt.directory)
+                    stop.exit()
+    except FloatingPointError as e:
+        latest = ckpt.steps()[-1] if ckpt.steps() else None
+        raise NonFiniteLoss(f"{e}: stopped; the last good checkpoint is step {latest} in {ckpt.directory}") from None
     finally:
         bar.close()
         batches.close()
-        ckpt.close()
-    if traces.count > 1:
-        log.error(
-            "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
-        )
-
-    evals = {L: evaluate(eval_step, state["params"], cfg, dataset, L, put) for L in eval_lengths}
-    for L, values in evals.items():
-        writer.scalars(cfg.trainer.steps, values, f"eval_{L}")
-    tokens_per_s = B * T / statistics.median(step_times) if step_times else float("nan")
-    perf = throughput(B * T, B * T / tokens_per_s, flops_tok, cfg.trainer.peak_flops)
-    summary = {
-        "model": cfg.model.name,
-        "pattern": lm.pattern,
-        "n_layers": lm.n_layers,
-        "d_model": lm.d_model,
-        "layer_kinds": lm.layer_kinds,
-        "params": n_params,
-        "task": cfg.data.task,
-        "seq_len": T,
-        "steps": cfg.trainer.steps,
-        "final_loss": evals[eval_lengths[0]]["loss"],
-        "eval": {str(L): v for L, v in evals.items()},
-        "cache_bytes": {str(L): b for L, b in caches.items()},
-        "train_traces": traces.count,
-        **losses,
-        **perf,
-    }
-    writer.hparams(
-        hparams_of(cfg, lm, n_params), {f"eval_{L}/{k}": v for L, values in evals.items() for k, v in values.items()}
-    )
-    writer.close()
-    if primary:
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-    log.info("summary: %s", json.dumps(summary))
-    return summary
+    return state

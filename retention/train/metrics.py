@@ -1,10 +1,17 @@
-"""TensorBoard logging (tensorboardX) and the throughput arithmetic behind tokens/s and achieved FLOP/s."""
+"""TensorBoard logging (tensorboardX) and the throughput arithmetic behind tokens/s and achieved FLOP/s.
+
+One event folder per run (one run entry in TensorBoard): scalars, and the HParams session of the run written in
+the same folder (its hyperparameters when it starts, so a killed run has a row; its end when it finishes).
+"""
 
 import os
 
 from tensorboardX import SummaryWriter
+from tensorboardX.summary import hparams
 
 from retention.nn import LMConfig, flops_per_token
+
+TOKENS_PREFIX = "vs_tokens/"  # the tokens-indexed twin of a tag: the same values with tokens seen as the step
 
 
 def training_flops_per_token(config: LMConfig, seq_len: int) -> float:
@@ -20,7 +27,7 @@ def throughput(tokens: int, seconds: float, flops_per_tok: float, peak_flops: fl
 
 
 class MetricsWriter:
-    """Scalars and the hparams summary under `logdir`; `purge_step` drops events a killed run wrote past it."""
+    """Scalars and the HParams session under `logdir`; `purge_step` drops events a killed run wrote past it."""
 
     def __init__(self, logdir: str, *, purge_step: int | None = None, enabled: bool = True):
         """enabled=False (a multi-host job's other processes): every call does nothing."""
@@ -29,19 +36,31 @@ class MetricsWriter:
             os.makedirs(logdir, exist_ok=True)
             self.writer = SummaryWriter(logdir, purge_step=purge_step)
 
-    def scalars(self, step: int, values: dict[str, float], prefix: str = "") -> None:
-        """One scalar per entry, tagged `prefix/name`."""
+    def scalars(self, step: int, values: dict[str, float], prefix: str = "", *, tokens: int | None = None) -> None:
+        """One scalar per entry, tagged `prefix/name`; with `tokens` (tokens seen so far) also its twin tagged
+        `vs_tokens/prefix/name` at step `tokens`, for curves against tokens (TensorBoard plots against steps)."""
         if not self.enabled:
             return
         for name, value in values.items():
-            self.writer.add_scalar(f"{prefix}/{name}" if prefix else name, float(value), step)
+            tag = f"{prefix}/{name}" if prefix else name
+            self.writer.add_scalar(tag, float(value), step)
+            if tokens is not None:
+                self.writer.add_scalar(TOKENS_PREFIX + tag, float(value), tokens)
 
-    def hparams(self, hparams: dict, metrics: dict[str, float]) -> None:
-        """The run's hyperparameters and final metrics, for TensorBoard's HParams tab (a sweep's runs side by side)."""
+    def start_session(self, hparams_dict: dict, metric_tags: list[str]) -> None:
+        """The run's row in TensorBoard's HParams tab: `hparams_dict` (scalars; others as text) and the scalar tags
+        shown as its metrics (each column shows the tag's latest value)."""
         if not self.enabled:
             return
-        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
-        self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, name="hparams")
+        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams_dict.items()}
+        experiment, session_start, self.session_end = hparams(clean, dict.fromkeys(metric_tags, 0.0))
+        self.writer.file_writer.add_summary(experiment)
+        self.writer.file_writer.add_summary(session_start)
+
+    def end_session(self) -> None:
+        """Mark the run's HParams session finished (status success), after `start_session`."""
+        if self.enabled:
+            self.writer.file_writer.add_summary(self.session_end)
 
     def close(self) -> None:
         """Flush and close the event files."""

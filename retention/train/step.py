@@ -1,8 +1,10 @@
 """The compiled train and eval steps: masked next-token cross-entropy, its metrics, and one AdamW update.
 
-The train step takes and returns the whole train state {params, opt_state, step} and donates it, so the update
-runs in place; it is compiled once per run (a `TraceCount` counts the traces: a second one is a retrace).
-Given a mesh, both steps run under it with the state FSDP-sharded and the batch split (retention/parallel).
+Both steps take the batch as a dict of device arrays (`device_batch`: inputs and targets [B, T]), so a new batch
+field is added in one place. The train step takes and returns the whole train state {params, opt_state, step}
+and donates it, so the update runs in place; it is compiled once per run (a `TraceCount` counts the traces: a
+second one is a retrace). Given a mesh, both steps run under it with the state FSDP-sharded and the batch split
+(retention/parallel).
 """
 
 import functools
@@ -14,7 +16,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Float, Int
 
-from retention.data import IGNORE
+from retention.data import IGNORE, Batch
 from retention.nn import LM, LMConfig
 
 
@@ -23,6 +25,16 @@ class TraceCount:
 
     def __init__(self):
         self.count = 0
+
+
+def device_batch(batch: Batch, put=jnp.asarray) -> dict[str, jax.Array]:
+    """The arrays the steps read from a host batch, each placed on the devices by `put`."""
+    return {"inputs": put(batch.inputs), "targets": put(batch.targets)}
+
+
+def batch_logits(model: LM, batch: dict[str, jax.Array]) -> Float[Array, "B T V"]:
+    """The model's logits for a device batch (the one place the steps call the model)."""
+    return model(batch["inputs"])
 
 
 def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, ""]]:
@@ -46,12 +58,13 @@ def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]
 
 
 def ratios(sums: dict) -> dict[str, float]:
-    """loss, accuracy and exact_match from (summed) `masked_sums`."""
-    labels, rows = max(float(sums["labels"]), 1.0), max(float(sums["rows"]), 1.0)
+    """loss, accuracy and exact_match from (summed) `masked_sums` (fetched from the devices)."""
+    sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+    labels, rows = max(sums["labels"], 1.0), max(sums["rows"], 1.0)
     return {
-        "loss": float(sums["nll"]) / labels,
-        "accuracy": float(sums["correct"]) / labels,
-        "exact_match": float(sums["exact"]) / rows,
+        "loss": sums["nll"] / labels,
+        "accuracy": sums["correct"] / labels,
+        "exact_match": sums["exact"] / rows,
     }
 
 
@@ -77,6 +90,11 @@ def under_mesh(fn, mesh: Mesh | None):
         with jax.set_mesh(mesh):
             return fn(*args)
 
+    def lower(*args):
+        with jax.set_mesh(mesh):
+            return fn.lower(*args)
+
+    call.lower = lower  # ahead-of-time compilation, traced under the mesh too
     return call
 
 
@@ -89,17 +107,17 @@ def make_train_step(
     state_shardings=None,
     batch_sharding: NamedSharding | None = None,
 ):
-    """jit(state, inputs [B, T], targets [B, T]) -> (new state, {loss, accuracy, grad_norm}); state donated.
+    """jit(state, batch) -> (new state, {loss, accuracy, grad_norm}); state donated; batch from `device_batch`.
 
     With a mesh (retention/parallel): the step runs under it, the state stays in `state_shardings` (in and out)
     and the batch comes in `batch_sharding`; XLA inserts the collectives. The model code is the same.
     """
 
-    def train_step(state, inputs_BT, targets_BT):
+    def train_step(state, batch):
         traces.count += 1
 
         def loss_fn(params):
-            sums = masked_sums(nnx.merge(graphdef, params)(inputs_BT), targets_BT)
+            sums = masked_sums(batch_logits(nnx.merge(graphdef, params), batch), batch["targets"])
             return sums["nll"] / jnp.maximum(sums["labels"], 1.0), sums
 
         (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
@@ -114,16 +132,16 @@ def make_train_step(
 
     if mesh is None:
         return jax.jit(train_step, donate_argnums=0)
-    shardings = (state_shardings, batch_sharding, batch_sharding)
+    shardings = (state_shardings, batch_sharding)
     return under_mesh(
         jax.jit(train_step, donate_argnums=0, in_shardings=shardings, out_shardings=(state_shardings, None)), mesh
     )
 
 
 def make_eval_step(graphdef: nnx.GraphDef, *, mesh: Mesh | None = None):
-    """jit(params, inputs [B, T], targets [B, T]) -> masked_sums of the forward (compiled once per length);
-    under `mesh` when given (the inputs' shardings are kept)."""
+    """jit(params, batch) -> masked_sums of the forward (compiled once per length); under `mesh` when given (the
+    inputs' shardings are kept)."""
     return under_mesh(
-        jax.jit(lambda params, inputs_BT, targets_BT: masked_sums(nnx.merge(graphdef, params)(inputs_BT), targets_BT)),
+        jax.jit(lambda params, batch: masked_sums(batch_logits(nnx.merge(graphdef, params), batch), batch["targets"])),
         mesh,
     )

@@ -135,7 +135,7 @@ def test_prefetch_matches_and_raises():
         (lambda: MQAR(vocab_size=100, seq_len=30, batch_size=2, num_kv_pairs=8), "seq_len must be even"),
         (lambda: Passkey(seq_len=10, batch_size=2), "seq_len must be >= 14"),
         (lambda: SelectiveCopy(seq_len=10, batch_size=2, num_copy=6), "seq_len must be >= 2 \\* num_copy"),
-        (lambda: Text(seq_len=8, batch_size=2, path="/nonexistent"), "path must be a folder"),
+        (lambda: Text(seq_len=8, batch_size=2, path=__file__), "path must be a folder"),  # a file, not a folder
         (lambda: Text(seq_len=8, batch_size=2, eval_fraction=1.0), r"eval_fraction .* \(0, 1\), got 1.0"),
         (lambda: MQAR(vocab_size=100, seq_len=32, batch_size=2, num_kv_pairs=2, power_a=0), r"power_a .* \(0, 1\]"),
         (lambda: Passkey(seq_len=32, batch_size=2, depths=[0.5, 1.5]), r"depths\[i\] .* \[0, 1\], got 1.5"),

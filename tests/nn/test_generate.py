@@ -1,9 +1,12 @@
-"""Generation: greedy decoding equals feeding the argmax of the full forward back step by step."""
+"""Generation: greedy decoding equals feeding the argmax of the full forward back step by step; greedy needs no
+key; with eos_id each row stops at its first eos (later positions eos, `lengths` where it stopped)."""
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from flax import nnx
 
 from retention import generate
@@ -33,20 +36,66 @@ def greedy_by_full_forward(model, prompt, n_new):
     return seq
 
 
+def stopped_at_eos(seq: np.ndarray, T0: int, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """The oracle's rows cut at their first generated eos (eos after it), and each row's length up to it."""
+    seq, lengths = seq.copy(), np.full(len(seq), seq.shape[1])
+    for row in range(len(seq)):
+        hits = np.flatnonzero(seq[row, T0:] == eos)
+        if hits.size:
+            lengths[row] = T0 + hits[0] + 1
+            seq[row, lengths[row] :] = eos
+    return seq, lengths
+
+
 def test_greedy_generate_equals_full_forward_argmax():
     model = LM(CONFIG, rngs=nnx.Rngs(0))
     prompt = jax.random.randint(jax.random.key(1), (2, 7), 0, CONFIG.vocab_size, dtype=jnp.int32)
-    out = generate(model, prompt, 11, temperature=0.0, key=jax.random.key(2))
-    assert out.shape == (2, 18) and out.dtype == jnp.int32
-    assert bool(jnp.all(out == greedy_by_full_forward(model, prompt, 11)))
+    out = generate(model, prompt, 11, temperature=0.0)  # greedy: no key needed
+    assert out.tokens.shape == (2, 18) and out.tokens.dtype == jnp.int32
+    assert bool(jnp.all(out.tokens == greedy_by_full_forward(model, prompt, 11)))
+    assert out.lengths.tolist() == [18, 18]  # no eos_id: every row runs to the end
     # top_k=1 sampling at any temperature is greedy too
-    assert bool(jnp.all(generate(model, prompt, 11, temperature=0.7, top_k=1, key=jax.random.key(3)) == out))
+    sampled = generate(model, prompt, 11, temperature=0.7, top_k=1, key=jax.random.key(3))
+    assert bool(jnp.all(sampled.tokens == out.tokens))
+
+
+def test_eos_stops_each_row():
+    """eos_id = a token row 0 emits mid-way: each row equals the oracle up to its first eos, then eos; a batch
+    whose rows all stop ends early with the same result."""
+    model = LM(CONFIG, rngs=nnx.Rngs(7))
+    T0, N = 5, 12
+    prompt = jax.random.randint(jax.random.key(8), (3, T0), 0, CONFIG.vocab_size, dtype=jnp.int32)
+    oracle = np.asarray(greedy_by_full_forward(model, prompt, N))
+    new = list(oracle[0, T0:])
+    eos = next(int(t) for i, t in enumerate(new) if i >= 2 and t not in new[:i])  # first seen at position >= 2
+    want, lengths = stopped_at_eos(oracle, T0, eos)
+    out = generate(model, prompt, N, temperature=0.0, eos_id=eos)
+    np.testing.assert_array_equal(np.asarray(out.tokens), want)
+    np.testing.assert_array_equal(np.asarray(out.lengths), lengths)
+    assert lengths[0] < T0 + N
+    alone = generate(model, prompt[:1], N, temperature=0.0, eos_id=eos)  # every row stops: the loop ends early
+    np.testing.assert_array_equal(np.asarray(alone.tokens), want[:1])
+    assert int(alone.lengths[0]) == lengths[0]
 
 
 def test_sampling_is_reproducible_and_in_vocab():
     model = LM(dataclasses.replace(CONFIG, pattern="P", n_layers=2), rngs=nnx.Rngs(4))
     prompt = jax.random.randint(jax.random.key(5), (3, 5), 0, CONFIG.vocab_size, dtype=jnp.int32)
-    a = generate(model, prompt, 9, temperature=1.0, top_k=10, key=jax.random.key(6))
-    b = generate(model, prompt, 9, temperature=1.0, top_k=10, key=jax.random.key(6))
+    a = generate(model, prompt, 9, temperature=1.0, top_k=10, key=jax.random.key(6)).tokens
+    b = generate(model, prompt, 9, temperature=1.0, top_k=10, key=jax.random.key(6)).tokens
     assert bool(jnp.all(a == b)) and bool(jnp.all(a[:, :5] == prompt))
     assert bool(jnp.all((a >= 0) & (a < CONFIG.vocab_size)))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature": 0.5}, "key must be a jax.random key to sample with temperature > 0"),
+        ({"temperature": 0.0, "eos_id": 50}, r"eos_id must be None or an int in \[0, vocab_size=50\), got 50"),
+        ({"temperature": 0.0, "eos_id": -1}, r"eos_id must be None or an int in \[0, vocab_size=50\), got -1"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, message):
+    model = nnx.eval_shape(lambda: LM(CONFIG, rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match=message):
+        generate(model, jnp.zeros((1, 3), jnp.int32), 4, **kwargs)

@@ -1,6 +1,7 @@
 """Checkpoints across meshes on 8 host devices (run by test_eight_devices.py): a state saved under a
 (data, fsdp, sequence) = (1, 4, 2) mesh restores onto (1, 8, 1) and (8, 1, 1) with the same values in the new
-shardings, and a run resumed under another mesh ends with the parameters of an uninterrupted run; a bad mesh
+shardings (its checksums, summed shard by shard, agree on every mesh), and a run resumed under another mesh
+ends with the parameters of an uninterrupted run; load_run places a run's parameters over a mesh; a bad mesh
 stops the trainer at start-up with the key named."""
 
 import logging
@@ -11,7 +12,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from flax import nnx
 
+from retention import load_run
 from retention.parallel import make_mesh, state_shardings
 from retention.train import build, train
 from retention.train.checkpoint import Checkpoints
@@ -44,13 +47,14 @@ def test_state_saved_on_one_mesh_restores_on_another(tmp_path):
     state = jax.jit(init, out_shardings=written_on)()
     state["step"] = state["step"] + 7
     ckpt = Checkpoints(str(tmp_path), every=1, keep=2)
-    assert ckpt.save(7, state)
+    ckpt.save(7, state, progress={})
     ckpt.close()
     for target in ((1, 8, 1), (8, 1, 1)):
         shardings = state_shardings(abstract, make_mesh(*target))
         ckpt = Checkpoints(str(tmp_path), every=1, keep=2)
-        step, restored = ckpt.restore_latest(abstract, shardings)
+        step, restored = ckpt.restore_latest(abstract, shardings)[:2]  # checksums verified on the new mesh
         ckpt.close()
+        assert not os.path.exists(f"{tmp_path}_damaged")
         assert step == 7 and int(restored["step"]) == 7
         moved = 0
         for got, want, sharding, before in zip(
@@ -74,10 +78,15 @@ def test_run_resumed_on_another_mesh_matches_uninterrupted(tmp_path, caplog):
     summary = train(compose_config([*common, "mesh.data=1", "mesh.fsdp=8", "mesh.sequence=1"]), str(moved))
     assert "resumed from the checkpoint at step 2" in caplog.text
     assert np.isfinite(summary["final_loss"])
-    load = lambda run: ocp.StandardCheckpointer().restore(os.path.join(run, "checkpoints", "4", "default"))["params"]
+    load = lambda run: ocp.StandardCheckpointer().restore(os.path.join(run, "checkpoints", "4", "state"))["params"]
     a, b = load(whole), load(moved)
     assert jax.tree.structure(a) == jax.tree.structure(b)
     assert rel_err(_flat(b), _flat(a)) < 1e-5
+    mesh = make_mesh(1, 8, 1)
+    model, cfg = load_run(str(moved), mesh=mesh)  # parameters only, FSDP-sharded over the mesh
+    params = jax.tree.leaves(nnx.state(model))
+    assert any(len(p.sharding.device_set) == 8 and not p.sharding.is_fully_replicated for p in params)
+    np.testing.assert_array_equal(_flat(params), _flat(b))
 
 
 @pytest.mark.parametrize(

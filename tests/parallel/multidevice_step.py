@@ -3,7 +3,6 @@ with the state FSDP-sharded, the batch split and the sequence split (context-par
 attention), a few steps give the losses and parameters of the single-device step to float32 rounding."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -12,7 +11,7 @@ from retention.nn import LM
 from retention.parallel import batch_sharding, make_mesh, put_batch, state_shardings
 from retention.train import build
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_init, make_train_step
+from retention.train.step import TraceCount, device_batch, make_init, make_train_step
 from tests.helpers import rel_err
 from tests.parallel.common import require_devices
 from tests.train.common import TINY, compose_config
@@ -61,13 +60,12 @@ def test_sharded_step_equals_single_device_step(shape):
 
     for i in range(STEPS):
         batch = dataset.batch(i)
-        one, m_one = one_step(one, jnp.asarray(batch.inputs), jnp.asarray(batch.targets))
-        x, y = (put_batch(a, batch_sharding(mesh)) for a in (batch.inputs, batch.targets))
+        one, m_one = one_step(one, device_batch(batch))
+        placed = device_batch(batch, lambda a: put_batch(a, batch_sharding(mesh)))
         if i == 0:  # the context-parallel ops are in the program when the sequence is split
-            with jax.set_mesh(mesh):
-                text = sharded_step.__wrapped__.lower(sharded, x, y).as_text()
+            text = sharded_step.lower(sharded, placed).as_text()
             assert ("collective_permute" in text) == (mesh.shape["sequence"] > 1)
-        sharded, m_sharded = sharded_step(sharded, x, y)
+        sharded, m_sharded = sharded_step(sharded, placed)
         for key in ("loss", "accuracy", "grad_norm"):
             assert abs(float(m_sharded[key]) - float(m_one[key])) <= 1e-5 * max(1.0, abs(float(m_one[key]))), key
     assert traces.count == 1

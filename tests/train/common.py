@@ -1,11 +1,17 @@
-"""Shared by the trainer tests: a tiny config (2 layers, 16 tokens) composed through Hydra, and train.py runs."""
+"""Shared by the trainer tests: a tiny config (2 layers, 16 tokens) composed through Hydra, train.py runs, and
+readers of what a run folder holds (checkpoints, TensorBoard events)."""
 
 import os
 import subprocess
 import sys
+import threading
+import time
 
+import numpy as np
+import orbax.checkpoint as ocp
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from retention.train import Config, register_configs
 
@@ -41,9 +47,10 @@ def compose_config(overrides: list[str]) -> Config:
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
 
-def start_train_py(run_dir, overrides: list[str]) -> subprocess.Popen:
-    """`python train.py` with the overrides in `run_dir`, stdout and stderr merged into one text pipe."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+def start_train_py(run_dir, overrides: list[str], env: dict | None = None) -> subprocess.Popen:
+    """`python train.py` with the overrides in `run_dir` (and more environment variables `env`), stdout and
+    stderr merged into one text pipe."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT,
@@ -52,3 +59,52 @@ def start_train_py(run_dir, overrides: list[str]) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def fresh_seed() -> int:
+    """A new seed each call, so the runs of a test differ from run to run."""
+    return int(np.random.SeedSequence().generate_state(1)[0] % 2**31)
+
+
+def saved_steps(run_dir) -> list[int]:
+    """The checkpoint steps listed in a run folder."""
+    folder = os.path.join(run_dir, "checkpoints")
+    return sorted(int(n) for n in os.listdir(folder) if n.isdigit()) if os.path.isdir(folder) else []
+
+
+def saved_state(run_dir, step: int):
+    """Checkpoint `step` of a run folder, read by Orbax alone (no checksum check)."""
+    return ocp.StandardCheckpointer().restore(os.path.join(run_dir, "checkpoints", str(step), "state"))
+
+
+def event_files(logdir) -> list[str]:
+    """Every TensorBoard event file under `logdir`, at any depth."""
+    return [os.path.join(r, f) for r, _, fs in os.walk(logdir) for f in fs if f.startswith("events.out")]
+
+
+def event_tags(logdir) -> set[str]:
+    """The scalar tags of the TensorBoard run in `logdir`."""
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
+class Output:
+    """Collects a process's output lines in a thread, so waiting for a line cannot block forever."""
+
+    def __init__(self, proc):
+        self.lines = []
+        self.thread = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+        self.thread.start()
+
+    def wait_for(self, text: str, timeout: float) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(text in line for line in list(self.lines)):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def text(self) -> str:
+        self.thread.join(timeout=10)
+        return "".join(self.lines)

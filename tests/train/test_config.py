@@ -4,12 +4,14 @@ group is LMConfig's fields, the data group one schema per task, the mesh a group
 
 import dataclasses
 import inspect
+import os
 
 import jax
 import jax.numpy as jnp
 import pytest
 from flax import nnx
 from hydra.errors import ConfigCompositionException, MissingConfigException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
 from retention.data import TASKS
@@ -17,7 +19,7 @@ from retention.nn import LM, LMConfig, count_params
 from retention.parallel import make_mesh
 from retention.train import build
 from retention.train.config import DATA_SCHEMAS, ModelConfig
-from tests.train.common import TINY, compose_config
+from tests.train.common import ROOT, TINY, compose_config
 
 
 def test_presets_have_equal_parameter_counts():
@@ -70,6 +72,8 @@ def test_wrong_type_stops_at_start(override):
         (["model.retention_impl=cudnn"], "model.retention_impl must be one of \\('auto', 'xla', 'pallas', 'ref"),
         (["model.attention_impl=pallas"], "model.attention_impl must be one of \\('auto', 'xla', 'cudnn', 'ref"),
         (["model.target_params=0"], "model.target_params must be an int >= 1, got 0"),
+        (["seed=-1"], r"seed must be an int in \[0, 2\*\*32\), got -1"),
+        (["seed=4294967296"], r"seed must be an int in \[0, 2\*\*32\), got 4294967296"),
     ],
 )
 def test_bad_value_names_the_key(overrides, message):
@@ -173,3 +177,9 @@ def test_mesh_group(overrides, axes):
 def test_unknown_mesh_is_refused():
     with pytest.raises(MissingConfigException, match="Could not find 'mesh/ring'"):
         compose_config(["mesh=ring"])
+
+
+def test_slurm_launcher_requeues_on_timeout():
+    """submitit requeues a job that reached its time limit (the trainer saved at SIGUSR2) instead of ending it."""
+    launcher = OmegaConf.load(os.path.join(ROOT, "configs", "hydra", "launcher", "slurm.yaml"))
+    assert launcher.max_num_timeout > 0 and launcher.signal_delay_s > 0

@@ -1,0 +1,135 @@
+"""What a run folder holds: the run's record (its resolved config, LMConfig and parameter shapes) in `run.json`
+and in every checkpoint, the check that a resumed run is the same run, and JSON files that are always valid.
+
+A run may be resumed with other values of what only schedules or places the work (`trainer.*`, `mesh.*`,
+`data.prefetch`, the op paths `model.retention_impl` and `model.attention_impl`); any other difference (model,
+data, optimizer, seed) or other parameter shapes is a different run, refused with the keys listed.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+
+import jax
+
+from retention.nn import LMConfig
+from retention.train.config import DATA_SCHEMAS, Config, MeshConfig, ModelConfig, OptimConfig, TrainerConfig
+
+RECORD_FILE = "run.json"
+MAY_CHANGE = ("trainer.", "mesh.", "data.prefetch", "model.retention_impl", "model.attention_impl")
+
+
+class RunMismatch(ValueError):
+    """The run folder (or a checkpoint in it) holds another run than the config asks for."""
+
+
+def config_dict(cfg: Config) -> dict:
+    """`cfg` as nested plain values, with the data group's task (a ClassVar of its schema) under data.task."""
+    out = dataclasses.asdict(cfg)
+    out["data"]["task"] = cfg.data.task
+    return out
+
+
+def config_from_dict(d: dict) -> Config:
+    """The Config that `config_dict` wrote (keys a newer LMConfig added take their defaults)."""
+    data = dict(d["data"])
+    schema = DATA_SCHEMAS[data.pop("task")]
+    return Config(
+        model=ModelConfig(**d["model"]),
+        data=schema(**data),
+        optim=OptimConfig(**d["optim"]),
+        trainer=TrainerConfig(**d["trainer"]),
+        mesh=MeshConfig(**d["mesh"]),
+        seed=d["seed"],
+    )
+
+
+def param_shapes(params) -> dict[str, list]:
+    """{key path: [shape, dtype name]} of a parameter tree (arrays or jax.ShapeDtypeStructs)."""
+    return {
+        jax.tree_util.keystr(p): [list(x.shape), str(x.dtype)] for p, x in jax.tree_util.tree_leaves_with_path(params)
+    }
+
+
+def run_record(cfg: Config, lm: LMConfig, abstract_params) -> dict:
+    """The record written with the run and each checkpoint: the resolved config, the LMConfig it builds (d_model
+    as size_config chose it) and the model's parameter shapes."""
+    return {"config": config_dict(cfg), "lm": dataclasses.asdict(lm), "param_shapes": param_shapes(abstract_params)}
+
+
+def record_digest(record: dict) -> str:
+    """sha256 of the record's canonical JSON: stored beside it in a checkpoint, so a damaged record is caught."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _defaults(task: str) -> dict:
+    """Every config key's schema default for `task` (a key one side lacks counts as its default)."""
+    return _flat(config_dict(Config(model=ModelConfig(), data=DATA_SCHEMAS[task]())))
+
+
+def differences(saved: dict, current: dict) -> list[str]:
+    """ "key: saved value -> current value" for each key of two records that differs and may not change on resume,
+    then each parameter whose shape or dtype differs."""
+    a, b = _flat(saved["config"]), _flat(current["config"])
+    defaults = _defaults(current["config"]["data"]["task"])
+    lines = []
+    for key in sorted(a.keys() | b.keys()):
+        if not key.startswith(MAY_CHANGE):
+            was, now = a.get(key, defaults.get(key)), b.get(key, defaults.get(key))
+            if was != now:
+                lines.append(f"{key}: {was!r} -> {now!r}")
+    if not lines:  # the same config building other shapes: the model code changed
+        shapes_a, shapes_b = saved.get("param_shapes", {}), current["param_shapes"]
+        for key in sorted(shapes_a.keys() | shapes_b.keys()):
+            if shapes_a.get(key) != shapes_b.get(key):
+                lines.append(f"parameter {key}: {shapes_a.get(key)} -> {shapes_b.get(key)}")
+    return lines
+
+
+def check_same_run(saved: dict, current: dict, where: str) -> None:
+    """RunMismatch listing the differences when `saved` (the record in `where`) is another run than `current`."""
+    lines = differences(saved, current)
+    if lines:
+        raise RunMismatch(
+            f"{where} holds another run than this config: {'; '.join(lines)}. Only trainer.*, mesh.*, "
+            "data.prefetch, model.retention_impl and model.attention_impl may change when a run resumes. To train "
+            "this config, start a fresh run in another folder (hydra.run.dir=<new folder>), or move the old run's "
+            "checkpoints/ and run.json away."
+        )
+
+
+def finite_json(value):
+    """`value` with every NaN or inf float replaced by None, so json.dumps writes valid JSON (null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def write_json(path: str, value) -> None:
+    """Write `value` as JSON (NaN and inf as null) to `path` atomically: a reader sees the old file or the new."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(finite_json(value), f, indent=2, allow_nan=False)
+    os.replace(tmp, path)
+
+
+def read_record(run_dir: str) -> dict | None:
+    """The record in `run_dir`/run.json, or None when there is none."""
+    path = os.path.join(run_dir, RECORD_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
