@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 from retention.nn.layers import apply_rope, check_heads, check_rope_base
 from retention.ops import (
@@ -46,6 +46,7 @@ from retention.ops import (
     softmax_attention_step,
 )
 from retention.ops.attention import check_window
+from retention.ops.power_retention.state import clear_rows
 from retention.validation import check_choice, check_int
 
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
@@ -61,11 +62,6 @@ class RetentionCache(NamedTuple):
 
     state: RetentionState
     segment_id: Int[Array, " B"]
-
-
-def _clear_rows(state: RetentionState, rows_B: Bool[Array, " B"]) -> RetentionState:
-    """The state with the rows in `rows_B` emptied (a `where`: a NaN in a cleared row goes too)."""
-    return jax.tree.map(lambda x: jnp.where(rows_B.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, x), state)
 
 
 class PowerRetention(nnx.Module):
@@ -149,7 +145,7 @@ class PowerRetention(nnx.Module):
         if cache is not None:
             state, last_id = cache
             if segment_ids is not None:
-                state = _clear_rows(state, segment_ids[:, 0] != last_id)
+                state = clear_rows(state, segment_ids[:, 0] != last_id)
                 last_id = segment_ids[:, -1].astype(jnp.int32)
                 options["segment_ids"] = segment_ids if T > 1 else None  # one token holds no document start
             y, state = power_retention_step(state, q, k, v, log_g, **options)

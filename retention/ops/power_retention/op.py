@@ -20,7 +20,7 @@ from retention.ops.power_retention.chunked import power_retention_chunked
 from retention.ops.power_retention.pallas import chunked_pallas, pallas_supports, step_pallas
 from retention.ops.power_retention.recurrent import chunk_step
 from retention.ops.power_retention.reference import power_retention_reference
-from retention.ops.power_retention.state import RetentionState, check_state, init_state
+from retention.ops.power_retention.state import RetentionState, check_state, clear_rows, init_state
 from retention.ops.power_retention.validation import (
     DEFAULT_CHUNK_SIZE,
     RETENTION_IMPLS,
@@ -33,6 +33,8 @@ from retention.ops.power_retention.validation import (
 )
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_choice
+
+STEP_PIECE = 16384  # tokens per chunked call inside a long step: a piece's temporaries, whatever n is
 
 
 def _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, impls) -> float:
@@ -136,8 +138,10 @@ def power_retention_step(
     Up to `chunk_size` tokens (None: DEFAULT_CHUNK_SIZE) form one chunk against the state, so each row gets its
     own gate discount (the state and earlier new keys are decayed by the gates up to that row, not by all n);
     inside a compiled loop the state is updated in place. More tokens (a prompt) run the chunked op from the
-    state, in chunks of `chunk_size` (None: `default_chunk_size(n)`). impl: "auto" (the Pallas kernels on GPU and
-    TPU where they support the shapes, else XLA), "xla" or "pallas" (interpreted on CPU): one of STATE_IMPLS.
+    state, in chunks of `chunk_size` (None: `default_chunk_size(n)`), STEP_PIECE tokens at a time so that its
+    temporaries stay those of one piece (memory linear in n: the output, plus a constant). impl: "auto" (the
+    Pallas kernels on GPU and TPU where they support the shapes, else XLA), "xla" or "pallas" (interpreted on
+    CPU): one of STATE_IMPLS.
     """
     scale = _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, n, _, d = q.shape
@@ -146,8 +150,37 @@ def power_retention_step(
         run_debug_checks(q, k, v, log_g, segment_ids, state, "state")
     options = dict(segment_ids=segment_ids, deg=deg, scale=scale)
     if n > (chunk_size or DEFAULT_CHUNK_SIZE):
-        return power_retention(
-            q, k, v, log_g, **options, chunk_size=chunk_size, initial_state=state, return_state=True, impl=impl
-        )
+        return _chunked_in_pieces(state, q, k, v, log_g, **options, chunk_size=chunk_size, impl=impl)
     run = step_pallas if _use_pallas(impl, q, k, deg, None, segment_ids) else chunk_step
     return run(state, q, k, v, log_g, **options)
+
+
+def _chunked_in_pieces(state, q, k, v, log_g, *, segment_ids, **options):
+    """The chunked op from `state` over n tokens, STEP_PIECE at a time in a loop (the last, shorter piece after
+    it), each from the state the one before left (cleared for the rows whose piece starts a document): (y, state).
+    Pieces are whole chunks, so the arithmetic is the one-call op's."""
+    n = q.shape[1]
+
+    def run(state, start, size):
+        piece = lambda x: None if x is None else jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
+        if segment_ids is not None:  # a piece's first token may start a document (a call's token 0 never resets)
+            previous = jax.lax.dynamic_index_in_dim(segment_ids, jnp.maximum(start - 1, 0), axis=1, keepdims=False)
+            state = clear_rows(state, (start > 0) & (piece(segment_ids)[:, 0] != previous))
+        args = map(piece, (q, k, v, log_g))
+        return power_retention(*args, segment_ids=piece(segment_ids), initial_state=state, return_state=True, **options)
+
+    full = n // STEP_PIECE
+    if full == 0 or n == STEP_PIECE:
+        return run(state, 0, n)
+
+    def body(i, carry):
+        y, state = carry
+        y_i, state = run(state, i * STEP_PIECE, STEP_PIECE)
+        return jax.lax.dynamic_update_slice_in_dim(y, y_i, i * STEP_PIECE, axis=1), state
+
+    y = jnp.zeros(q.shape, v.dtype)
+    y, state = jax.lax.fori_loop(0, full, body, (y, state))
+    if n > full * STEP_PIECE:
+        y_rest, state = run(state, full * STEP_PIECE, n - full * STEP_PIECE)
+        y = jax.lax.dynamic_update_slice_in_dim(y, y_rest, full * STEP_PIECE, axis=1)
+    return y, state

@@ -2,6 +2,7 @@
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -42,6 +43,11 @@ def check_state(state, B: int, H: int, d: int, deg: int, name: str) -> None:
             f"{name} must have S [B, H, D, d] = {(B, H, D, d)} and z [B, H, D] = {(B, H, D)} for deg={deg}, "
             f"got S {state.S.shape} and z {state.z.shape}"
         )
+
+
+def clear_rows(state: RetentionState, rows_B) -> RetentionState:
+    """The state with the batch rows where rows_B [B] is true emptied (a `where`: a NaN in a cleared row goes too)."""
+    return jax.tree.map(lambda x: jnp.where(rows_B.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, x), state)
 
 
 def augment(state: RetentionState) -> Float[Array, "B H D e"]:
