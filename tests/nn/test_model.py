@@ -229,3 +229,18 @@ def test_packed_prefill_then_decode_equals_the_documents_alone():
         logits, caches = model.decode_step(toks[:, t : t + 1], caches, segment_ids=new_document)
         pieces.append(logits)
     assert rel_err(jnp.concatenate(pieces, axis=1), _alone(nnx.jit(lambda t: model(t)), toks, docs)) < 1e-5
+
+
+def test_token_ids_and_segment_ids_are_checked():
+    """Concrete ids outside [0, vocab_size) raise ValueError; traced ones with debug_checks raise from inside jit;
+    segment_ids of the wrong shape raise before any work."""
+    model = LM(TINY, rngs=nnx.Rngs(0))
+    bad = jnp.asarray([[1, 2, 50, 3]], jnp.int32)
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size=50\), got \[50\]"):
+        model(bad)
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\] = \(1, 4\), got \(1, 3\)"):
+        model(bad.at[0, 2].set(0), segment_ids=jnp.zeros((1, 3), jnp.int32))
+    with pytest.raises(Exception, match=r"tokens must be ids in \[0, vocab_size=50\) \(debug_checks\), got 1 outside"):
+        jax.block_until_ready(
+            nnx.jit(lambda m, t: m(t, debug_checks=True))(model, bad.at[0, 0].set(-5).at[0, 2].set(0))
+        )

@@ -143,3 +143,21 @@ def test_errors_name_the_argument():
         power_retention_context_parallel(q, k, v, log_g)  # no mesh given, none ambient
     with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'pallas'\)"):
         power_retention_context_parallel(q, k, v, log_g, mesh=mesh, impl="reference")
+
+
+@pytest.mark.parametrize("op", ["power_retention", "softmax_attention"])
+def test_a_nan_key_poisons_only_what_sees_it(op):
+    """A NaN key at token 20 (on the third of 8 devices of 8 tokens), packed with a second document from token 44:
+    rows before 20 are exactly those without the NaN, the first document's rows from 20 on are NaN in the query
+    heads reading that kv-head (never 0), and the second document, on later devices, is untouched."""
+    mesh = make_mesh(1, 1, 8)
+    q, k, v, log_g = random_qkv(21, 2, 64, 4, 2, 8, gate="mild")
+    seg = jnp.asarray(np.repeat([3, 8], [44, 20])[None].repeat(2, 0), jnp.int32)
+    if op == "power_retention":
+        run = lambda k: power_retention_context_parallel(q, k, v, log_g, segment_ids=seg, chunk_size=16, mesh=mesh)
+    else:
+        run = lambda k: softmax_attention_context_parallel(q, k, v, segment_ids=seg, mesh=mesh, block_size=16)
+    clean, got = (np.asarray(_run(run, x)) for x in (k, k.at[:, 20, 0].set(jnp.nan)))
+    assert np.array_equal(got[:, :20], clean[:, :20])
+    assert np.isnan(got[:, 20:44, :2]).all() and np.isfinite(got[:, 20:44, 2:]).all()
+    assert rel_err(got[:, 44:], clean[:, 44:]) < 1e-6
