@@ -2,6 +2,8 @@
 
 Retention layers carry a fixed-size state, so the loop's memory does not grow with the context for them;
 attention layers carry a KV cache of prompt + new tokens (or a window's worth for sliding-window layers).
+Prompts of different lengths run as one batch, left-padded: the padding is a document of its own (segment id 0,
+the prompt 1), so every row sees only its prompt, from RoPE position 0, as if generated alone.
 """
 
 from functools import partial
@@ -13,7 +15,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from retention.nn.model import LM
-from retention.validation import check_int
+from retention.validation import check_int, concrete
 
 
 def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None, greedy: bool) -> Int[Array, " B"]:
@@ -38,6 +40,7 @@ def generate(
     prompt_BT: Int[Array, "B T0"],
     max_new_tokens: int,
     *,
+    prompt_lengths: Int[Array, " B"] | None = None,
     temperature: float = 1.0,
     top_k: int | None = None,
     key: PRNGKeyArray | None = None,
@@ -45,6 +48,9 @@ def generate(
 ) -> Generated:
     """Continue each prompt row by up to max_new_tokens tokens: (tokens [B, T0 + N], lengths [B]).
 
+    prompt_lengths [B] (1 <= length <= T0): ragged prompts, left-padded (row b's prompt is its last
+    prompt_lengths[b] tokens; the padding's values are ignored and returned as given); each row continues as its
+    prompt alone would. Prompt ids must be in [0, vocab_size) (checked when the prompt's values are known).
     temperature 0 is greedy (argmax) and needs no `key`; otherwise tokens are drawn with `key`, from the top_k
     most likely tokens when given. With `eos_id`, a row stops at its first generated eos_id: the positions after
     it hold eos_id and `lengths` says where each row stopped; the loop ends when every row has. The prefill and
@@ -66,22 +72,49 @@ def generate(
         raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
     if getattr(prompt_BT, "ndim", None) != 2 or not jnp.issubdtype(prompt_BT.dtype, jnp.integer):
         raise ValueError(f"prompt must be an int array [B, T0], got {getattr(prompt_BT, 'shape', prompt_BT)}")
+    segment_ids = None if prompt_lengths is None else _prompt_segments(prompt_lengths, *prompt_BT.shape)
+    _check_prompt_ids(prompt_BT, segment_ids, vocab)
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key  # greedy: never drawn from
     eos = jnp.int32(-1 if eos_id is None else eos_id)
     prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
     options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy}
-    return Generated(*_generate(graphdef, state, prompt_BT, key, jnp.float32(temperature), eos, **options))
+    return Generated(*_generate(graphdef, state, prompt_BT, segment_ids, key, jnp.float32(temperature), eos, **options))
+
+
+def _prompt_segments(prompt_lengths, B: int, T0: int) -> Int[Array, "B T0"]:
+    """Segment ids of left-padded prompts: 0 on the padding, 1 on each row's last prompt_lengths[b] tokens."""
+    if getattr(prompt_lengths, "shape", None) != (B,) or not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
+        raise ValueError(
+            f"prompt_lengths must be an int array [B] = [{B}], got {getattr(prompt_lengths, 'shape', None)}"
+        )
+    lengths = concrete(prompt_lengths)
+    if lengths is not None and (lengths.min() < 1 or lengths.max() > T0):
+        raise ValueError(f"prompt_lengths must be in [1, T0={T0}], got {lengths.tolist()}")
+    return (jnp.arange(T0) >= T0 - jnp.asarray(prompt_lengths)[:, None]).astype(jnp.int32)
+
+
+def _check_prompt_ids(prompt_BT, segment_ids, vocab_size: int) -> None:
+    """The prompt's ids (not its padding) are in [0, vocab_size), when their values are known."""
+    values = concrete(prompt_BT)
+    real = None if segment_ids is None else concrete(segment_ids)
+    if values is None or (segment_ids is not None and real is None):
+        return
+    ids = values if real is None else values[real == 1]
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = ids[(ids < 0) | (ids >= vocab_size)]
+        raise ValueError(f"prompt ids must be in [0, vocab_size={vocab_size}), got {bad[:8].tolist()}")
 
 
 @partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-def _generate(graphdef, state, prompt_BT, key, temperature, eos, *, max_new_tokens, top_k, greedy):
+def _generate(graphdef, state, prompt_BT, segment_ids, key, temperature, eos, *, max_new_tokens, top_k, greedy):
     """(tokens [B, T0 + N], lengths [B]); eos = -1 matches no token (no eos_id)."""
     model = nnx.merge(graphdef, state)
     B, T0 = prompt_BT.shape
     N = max_new_tokens
     keys = jax.random.split(key, N)
-    logits, caches = model.prefill(prompt_BT, T0 + N)
+    real_BT = prompt_BT if segment_ids is None else jnp.where(segment_ids == 1, prompt_BT, 0)  # padding: never seen
+    logits, caches = model.prefill(real_BT, T0 + N, segment_ids=segment_ids)
     first_B = _sample(logits[:, -1], keys[0], temperature, top_k, greedy)
     new_BN = jnp.full((B, N), jnp.maximum(eos, 0), jnp.int32).at[:, 0].set(first_B)
 

@@ -2,8 +2,9 @@
 value and what is allowed. Op-specific checks (shapes, degree, chunk size, state) live with their op."""
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
+import jax
 import numpy as np
 
 
@@ -33,3 +34,23 @@ def check_choice(name: str, value, allowed: Collection) -> None:
     is_bool = isinstance(value, bool) and not any(isinstance(a, bool) for a in allowed)  # True == 1, but not here
     if is_bool or value not in allowed:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+
+
+def concrete(x) -> np.ndarray | None:
+    """x's value as a numpy array when it is known now, None when x is traced (under jit, grad, vmap...)."""
+    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+
+
+def check_at_runtime(checks: Sequence[tuple[str, jax.Array, jax.Array]]) -> None:
+    """For `debug_checks=True`: each check is (message with one {} for the value, flag, value), both computed on
+    the device. When the computation runs (eagerly, or under jit and other transformations) a host callback raises
+    ValueError(message.format(value)) for the first flag that is true; under jit it reaches the caller as a
+    JaxRuntimeError whose text holds that message."""
+    messages = tuple(message for message, _, _ in checks)
+
+    def report(flags, values):
+        for message, flag, value in zip(messages, flags, values):
+            if np.any(flag):
+                raise ValueError(message.format(np.asarray(value).max()))
+
+    jax.debug.callback(report, [flag for _, flag, _ in checks], [value for _, _, value in checks])

@@ -1,5 +1,7 @@
-"""Small pieces shared by the mixers and the model: argument checks, rotary position embedding, the SwiGLU MLP."""
+"""Small pieces shared by the mixers and the model: argument checks, rotary position embedding and the positions
+it reads inside packed documents, the SwiGLU MLP."""
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
@@ -38,6 +40,23 @@ def apply_rope(x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], b
     x1 = x_BTHd[..., :half].astype(jnp.float32)
     x2 = x_BTHd[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BTHd.dtype)
+
+
+def document_positions(
+    segment_ids_BT: Int[Array, "B T"],
+    previous_segment_B: Int[Array, " B"] | None = None,
+    next_position_B: Int[Array, " B"] | None = None,
+) -> Int[Array, "B T"]:
+    """Each token's position inside its document (documents: runs of equal segment ids): 0 at a document start,
+    then 1, 2, ... The first tokens continue the previous call's document when their id equals
+    previous_segment_B, from next_position_B (a decode step); None: the call starts with a document at 0."""
+    B, T = segment_ids_BT.shape
+    previous = segment_ids_BT[:, 0] if previous_segment_B is None else previous_segment_B
+    offset = jnp.zeros((B,), jnp.int32) if next_position_B is None else next_position_B
+    t = jnp.arange(T, dtype=jnp.int32)
+    starts = segment_ids_BT != jnp.concatenate([previous[:, None], segment_ids_BT[:, :-1]], axis=1)
+    last_start = jax.lax.cummax(jnp.where(starts, t, -1), axis=1)
+    return jnp.where(last_start >= 0, t - last_start, offset[:, None] + t).astype(jnp.int32)
 
 
 class SwiGLU(nnx.Module):

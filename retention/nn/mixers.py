@@ -1,6 +1,6 @@
 """Sequence mixers as Flax NNX modules: power retention and softmax attention (full or sliding window).
 
-Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, cache=None) -> (y, cache)`:
+Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)`:
 - cache=None: one full-sequence forward, returns (y, None);
 - with a cache: the T tokens continue the sequence held in the cache (a decode step of T >= 1 tokens). For
   retention that is one call of the step op, `power_retention_step`, which runs the T tokens as one chunk against
@@ -10,9 +10,16 @@ Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, cache=None) 
 Under a mesh whose "sequence" axis splits the tokens (`jax.set_mesh`, as the trainer does), the full forward
 runs the context-parallel ops (`power_retention_context_parallel`, `softmax_attention_context_parallel`); the
 results are the same.
-A retention cache is a RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any length); an
-attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window).
+A retention cache is a RetentionCache: the RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at
+any length) and each row's last segment id; an attention cache is a KVCache of keys and values and each slot's
+segment id per row (a ring buffer of window + n - 1 slots for a sliding window).
+Packed documents: `segment_ids` [B, T] (equal ids form one document, contiguous in time) keep documents apart in
+every op. With a cache, None continues each row's document; a step whose first token has an id other than the
+row's last one starts a new document there: the retention mixer clears that row's state (its cache records the
+last id), attention sees only the keys whose slot has the query's id.
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +46,7 @@ from retention.ops import (
     softmax_attention_step,
 )
 from retention.ops.attention import check_window
+from retention.ops.power_retention.state import clear_rows
 from retention.validation import check_choice, check_int
 
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
@@ -47,6 +55,13 @@ GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that tr
 def cache_bytes(cache) -> int:
     """Total bytes of the arrays (or jax.ShapeDtypeStructs, e.g. from jax.eval_shape) in a cache pytree."""
     return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
+
+
+class RetentionCache(NamedTuple):
+    """A retention mixer's cache: the state and each row's last segment id (to see a new document coming)."""
+
+    state: RetentionState
+    segment_id: Int[Array, " B"]
 
 
 class PowerRetention(nnx.Module):
@@ -114,32 +129,45 @@ class PowerRetention(nnx.Module):
         return q, k, v, log_g
 
     def __call__(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: RetentionState | None = None
-    ) -> tuple[Float[Array, "B T D"], RetentionState | None]:
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: RetentionCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], RetentionCache | None]:
         """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
-        T tokens continuing the cache's state (the step op). Returns (y [B, T, D], the new state or None)."""
+        T tokens continuing the cache's state (the step op; rows whose first token starts a new document begin
+        from an empty state). segment_ids enter here, and only here. Returns (y [B, T, D], the new cache or None)."""
         B, T, _ = x_BTD.shape
         q, k, v, log_g = self._project(x_BTD, positions)
-        options = dict(deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
+        options = dict(segment_ids=segment_ids, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
         if cache is not None:
-            y, cache = power_retention_step(cache, q, k, v, log_g, **options)
+            state, last_id = cache
+            if segment_ids is not None:
+                state = clear_rows(state, segment_ids[:, 0] != last_id)
+                last_id = segment_ids[:, -1].astype(jnp.int32)
+                options["segment_ids"] = segment_ids if T > 1 else None  # one token holds no document start
+            y, state = power_retention_step(state, q, k, v, log_g, **options)
+            cache = RetentionCache(state=state, segment_id=last_id)
         elif sequence_parallel_size() > 1:
             y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:
             y = power_retention(q, k, v, log_g, **options)
         return self.o_proj(y.reshape(B, T, self.heads * self.head_dim)), cache
 
-    def prefill(self, x_BTD, *, positions, cache: RetentionState):
+    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: RetentionCache):
         """A prompt into a fresh state: the same as a call with the cache (the step op: one chunk against the state
         up to the chunk size, the chunked op from the state beyond)."""
-        return self(x_BTD, positions=positions, cache=cache)
+        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
 
-    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionState:
-        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32: its size does not depend on max_len,
-        dtype or step_tokens (taken for the common mixer interface)."""
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionCache:
+        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32, and last segment ids 0 [batch]: its
+        size does not depend on max_len, dtype or step_tokens (taken for the common mixer interface)."""
         check_int("batch", batch)
         check_int("max_len", max_len)
-        return init_state(batch, self.kv_heads, self.head_dim, self.deg)
+        state = init_state(batch, self.kv_heads, self.head_dim, self.deg)
+        return RetentionCache(state=state, segment_id=jnp.zeros((batch,), jnp.int32))
 
 
 class Attention(nnx.Module):
@@ -189,35 +217,49 @@ class Attention(nnx.Module):
         return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
 
     def __call__(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: KVCache | None = None
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: KVCache | None = None,
     ) -> tuple[Float[Array, "B T D"], KVCache | None]:
-        """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds.
-        Returns (y [B, T, D], the updated cache or None)."""
+        """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds;
+        segment_ids enter here, and only here. Returns (y [B, T, D], the updated cache or None)."""
         q, k, v = self._project(x_BTD, positions)
+        options = dict(window=self.window, segment_ids=segment_ids)
         if cache is None and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
-            return self._out(softmax_attention_context_parallel(q, k, v, window=self.window)), None
+            return self._out(softmax_attention_context_parallel(q, k, v, **options)), None
         if cache is None:
-            return self._out(softmax_attention(q, k, v, window=self.window, impl=self.impl)), None
-        y, cache = softmax_attention_step(cache, q, k, v, window=self.window)
+            return self._out(softmax_attention(q, k, v, **options, impl=self.impl)), None
+        y, cache = softmax_attention_step(cache, q, k, v, **options)
         return self._out(y), cache
 
     def prefill(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: KVCache
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: KVCache,
     ) -> tuple[Float[Array, "B T D"], KVCache]:
-        """A whole prompt at positions 0..T-1 into an empty cache: the full-sequence op for y, then the last
-        min(T, slots) keys and values written at slots position % slots (a full cache must hold all T)."""
-        T = x_BTD.shape[1]
+        """A whole prompt at stream positions 0..T-1 into an empty cache (positions: RoPE's): the full-sequence op
+        for y, then the last min(T, slots) keys, values and segment ids written at slots position % slots (a full
+        cache must hold all T)."""
+        B, T = x_BTD.shape[:2]
         L = cache.k.shape[2]  # KVCache k is [B, H, L, d]
         if self.window is None and L < T:
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
         q, k, v = self._project(x_BTD, positions)
-        y = softmax_attention(q, k, v, window=self.window, impl=self.impl)
+        y = softmax_attention(q, k, v, window=self.window, segment_ids=segment_ids, impl=self.impl)
         kept = min(T, L)
         pos = jnp.arange(T - kept, T, dtype=jnp.int32)
+        seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
         cache = KVCache(
             k=cache.k.at[:, :, pos % L].set(jnp.swapaxes(k[:, T - kept :], 1, 2).astype(cache.k.dtype)),
             v=cache.v.at[:, :, pos % L].set(jnp.swapaxes(v[:, T - kept :], 1, 2).astype(cache.v.dtype)),
             pos=cache.pos.at[pos % L].set(pos),
+            segment_ids=cache.segment_ids.at[:, pos % L].set(seg[:, T - kept :]),
             length=jnp.asarray(T, jnp.int32),
         )
         return self._out(y), cache

@@ -3,8 +3,12 @@
 `config.pattern` is a string over P (power retention), A (full attention) and W (sliding-window attention);
 layer i gets pattern[i % len(pattern)], with n_layers >= len(pattern) so that every letter gets a layer.
 `LM.prefill` runs a prompt through the full-sequence paths and leaves per-layer caches; `LM.decode_step`
-continues from them, compiled once per shape (positions come from the cache's length, a traced scalar), so
-prefill-then-decode gives the logits of one full forward.
+continues from them, compiled once per shape (positions come from the caches, traced), so prefill-then-decode
+gives the logits of one full forward.
+Packed documents: `segment_ids` [B, T] (every entry point takes them) keep documents apart in every mixer, and
+RoPE positions restart at 0 at each document (`layers.document_positions`); LMCache records each row's last
+segment id and next position, so a decode step continues a document (segment_ids None, or the same id) or starts
+one (a new id), and prefill of a packed prompt then decode equals the documents run one by one.
 """
 
 import dataclasses
@@ -16,11 +20,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.nn.layers import SwiGLU, check_heads, check_rope_base
+from retention.nn.layers import SwiGLU, check_heads, check_rope_base, document_positions
 from retention.nn.mixers import Attention, PowerRetention
 from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg, sympow_dim
 from retention.ops.power_retention import default_chunk_size
-from retention.validation import check_choice, check_int, check_number
+from retention.ops.validation import check_segment_ids
+from retention.validation import check_at_runtime, check_choice, check_int, check_number, concrete
 
 MIXERS = {"P": "power retention", "A": "full attention", "W": "sliding-window attention"}
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -143,10 +148,13 @@ def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMC
 
 
 class LMCache(NamedTuple):
-    """Per-layer mixer caches (RetentionState for P, KVCache for A and W) and the tokens seen so far."""
+    """Per-layer mixer caches (RetentionCache for P, KVCache for A and W), the tokens seen so far, and per row
+    the segment id of the last token and the RoPE position of the next one."""
 
     layers: tuple
     length: Int[Array, ""]
+    segment_id: Int[Array, " B"]
+    position: Int[Array, " B"]
 
 
 class Block(nnx.Module):
@@ -181,13 +189,11 @@ class Block(nnx.Module):
         self.mlp_norm = norm()
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x_BTD, *, positions, cache=None, prefill: bool = False):
+    def __call__(self, x_BTD, *, positions, segment_ids=None, cache=None, prefill: bool = False):
         """Returns (x [B, T, D], the mixer's new cache): its full forward, prefill or decode step."""
         h = self.mixer_norm(x_BTD)
-        if prefill:
-            h, cache = self.mixer.prefill(h, positions=positions, cache=cache)
-        else:
-            h, cache = self.mixer(h, positions=positions, cache=cache)
+        run = self.mixer.prefill if prefill else self.mixer
+        h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache)
         x_BTD = x_BTD + h
         return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
 
@@ -212,47 +218,78 @@ class LM(nnx.Module):
         )
 
     def forward_embeddings(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, " T"], caches=None, prefill: bool = False
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        caches=None,
+        prefill: bool = False,
     ) -> tuple[Float[Array, "B T V"], tuple | None]:
-        """Blocks, final norm and head from input embeddings; `caches` (one per layer) as in the mixers."""
+        """Blocks, final norm and head from input embeddings; `caches` (one per layer) and segment_ids as in the
+        mixers, positions [T] or [B, T] (RoPE's)."""
         layer_caches = (None,) * len(self.blocks) if caches is None else caches
         new_caches = []
         for block, cache in zip(self.blocks, layer_caches):
-            x_BTD, cache = block(x_BTD, positions=positions, cache=cache, prefill=prefill)
+            x_BTD, cache = block(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, prefill=prefill)
             new_caches.append(cache)
         x_BTD = self.final_norm(x_BTD)
         logits = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
         return logits.astype(jnp.float32), None if caches is None else tuple(new_caches)
 
-    def __call__(self, tokens_BT: Int[Array, "B T"]) -> Float[Array, "B T V"]:
-        """One full causal forward: logits [B, T, vocab_size]."""
-        positions = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-        return self.forward_embeddings(self.embed(tokens_BT), positions=positions)[0]
+    def __call__(
+        self, tokens_BT: Int[Array, "B T"], *, segment_ids: Int[Array, "B T"] | None = None, debug_checks=False
+    ) -> Float[Array, "B T V"]:
+        """One full causal forward: logits [B, T, vocab_size]. segment_ids [B, T]: packed documents (see the module
+        docstring). debug_checks: raise ValueError for token ids outside [0, vocab_size), also under jit."""
+        _check_tokens(tokens_BT, self.config.vocab_size, segment_ids, debug_checks)
+        if segment_ids is None:
+            positions = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+        else:
+            positions = document_positions(segment_ids)
+        x_BTD = self.embed(tokens_BT)
+        return self.forward_embeddings(x_BTD, positions=positions, segment_ids=segment_ids)[0]
 
     def init_caches(self, batch: int, max_len: int, *, step_tokens: int = 1) -> LMCache:
         """Empty caches for sequences of up to max_len tokens decoded in steps of up to step_tokens tokens."""
         dtype = jnp.dtype(self.config.dtype)
         layers = tuple(b.mixer.init_cache(batch, max_len, dtype, step_tokens=step_tokens) for b in self.blocks)
-        return LMCache(layers=layers, length=jnp.zeros((), jnp.int32))
+        zeros = jnp.zeros((batch,), jnp.int32)
+        return LMCache(layers=layers, length=jnp.zeros((), jnp.int32), segment_id=zeros, position=zeros)
 
     def prefill(
-        self, tokens_BT: Int[Array, "B T"], max_len: int, *, step_tokens: int = 1
+        self,
+        tokens_BT: Int[Array, "B T"],
+        max_len: int,
+        *,
+        segment_ids: Int[Array, "B T"] | None = None,
+        step_tokens: int = 1,
+        debug_checks: bool = False,
     ) -> tuple[Float[Array, "B T V"], LMCache]:
-        """Run a prompt and fill fresh caches for up to max_len tokens in all (compiled per shape).
-        Returns (logits [B, T, V], caches) for `decode_step` with steps of up to step_tokens tokens."""
-        _check_tokens(tokens_BT, self.config.vocab_size)
+        """Run a prompt (packed with segment_ids, or one document per row) and fill fresh caches for up to max_len
+        tokens in all (compiled per shape). Returns (logits [B, T, V], caches) for `decode_step` with steps of up
+        to step_tokens tokens. debug_checks as in `__call__`."""
+        _check_tokens(tokens_BT, self.config.vocab_size, segment_ids, debug_checks)
         check_int("max_len", max_len)
         if max_len < tokens_BT.shape[1]:
             raise ValueError(f"max_len must be >= the prompt length {tokens_BT.shape[1]}, got {max_len}")
         graphdef, state = nnx.split(self)
-        return _prefill(graphdef, state, tokens_BT, max_len=max_len, step_tokens=step_tokens)
+        return _prefill(graphdef, state, tokens_BT, segment_ids, max_len=max_len, step_tokens=step_tokens)
 
-    def decode_step(self, tokens_BN: Int[Array, "B n"], caches: LMCache) -> tuple[Float[Array, "B n V"], LMCache]:
+    def decode_step(
+        self,
+        tokens_BN: Int[Array, "B n"],
+        caches: LMCache,
+        *,
+        segment_ids: Int[Array, "B n"] | None = None,
+        debug_checks: bool = False,
+    ) -> tuple[Float[Array, "B n V"], LMCache]:
         """n new tokens after those in `caches`: (logits [B, n, V], updated caches). Compiled once per shape.
-        The caches must have room: total length <= max_len for A layers, n <= step_tokens for W layers."""
-        _check_tokens(tokens_BN, self.config.vocab_size)
+        segment_ids None continues each row's document; a new id starts one. The caches must have room: total
+        length <= max_len for A layers, n <= step_tokens for W layers. debug_checks as in `__call__`."""
+        _check_tokens(tokens_BN, self.config.vocab_size, segment_ids, debug_checks)
         graphdef, state = nnx.split(self)
-        return _decode(graphdef, state, tokens_BN, caches)
+        return _decode(graphdef, state, tokens_BN, segment_ids, caches)
 
     def param_count(self) -> int:
         """The number of parameters (all nnx.Param leaves)."""
@@ -263,30 +300,51 @@ class LM(nnx.Module):
         return flops_per_token(self.config, T)
 
 
-def _check_tokens(tokens, vocab_size: int) -> None:
+def _check_tokens(tokens, vocab_size: int, segment_ids=None, debug_checks: bool = False) -> None:
+    """tokens: an int array [B, T] of ids in [0, vocab_size) (checked when the values are known, or at run time
+    with debug_checks); segment_ids None or [B, T]."""
     if getattr(tokens, "ndim", None) != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(
             f"tokens must be an int array [B, T] of ids < vocab_size={vocab_size}, got "
             f"{getattr(tokens, 'dtype', type(tokens).__name__)} {getattr(tokens, 'shape', None)}"
         )
+    check_segment_ids(segment_ids, *tokens.shape)
+    values = concrete(tokens)
+    if values is not None and values.size and (values.min() < 0 or values.max() >= vocab_size):
+        bad = values[(values < 0) | (values >= vocab_size)]
+        raise ValueError(f"tokens must be ids in [0, vocab_size={vocab_size}), got {bad[:8].tolist()}")
+    if debug_checks:
+        outside = jnp.sum((tokens < 0) | (tokens >= vocab_size))
+        message = f"tokens must be ids in [0, vocab_size={vocab_size}) (debug_checks), got {{}} outside"
+        check_at_runtime([(message, outside > 0, outside)])
 
 
 @partial(jax.jit, static_argnames=("graphdef", "max_len", "step_tokens"))
-def _prefill(graphdef, state, tokens_BT, *, max_len, step_tokens):
+def _prefill(graphdef, state, tokens_BT, segment_ids_BT, *, max_len, step_tokens):
     model = nnx.merge(graphdef, state)
     B, T = tokens_BT.shape
     fresh = model.init_caches(B, max_len, step_tokens=step_tokens)
-    positions = jnp.arange(T, dtype=jnp.int32)
-    logits, layers = model.forward_embeddings(
-        model.embed(tokens_BT), positions=positions, caches=fresh.layers, prefill=True
-    )
-    return logits, LMCache(layers=layers, length=jnp.asarray(T, jnp.int32))
+    if segment_ids_BT is None:
+        positions, last_id = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T)), fresh.segment_id
+    else:
+        positions, last_id = document_positions(segment_ids_BT), segment_ids_BT[:, -1].astype(jnp.int32)
+    x_BTD = model.embed(tokens_BT)
+    options = dict(positions=positions, segment_ids=segment_ids_BT, caches=fresh.layers, prefill=True)
+    logits, layers = model.forward_embeddings(x_BTD, **options)
+    length = jnp.asarray(T, jnp.int32)
+    return logits, LMCache(layers=layers, length=length, segment_id=last_id, position=positions[:, -1] + 1)
 
 
 @partial(jax.jit, static_argnames=("graphdef",))
-def _decode(graphdef, state, tokens_BN, caches: LMCache):
+def _decode(graphdef, state, tokens_BN, segment_ids_BN, caches: LMCache):
     model = nnx.merge(graphdef, state)
     n = tokens_BN.shape[1]
-    positions = caches.length + jnp.arange(n, dtype=jnp.int32)
-    logits, layers = model.forward_embeddings(model.embed(tokens_BN), positions=positions, caches=caches.layers)
-    return logits, LMCache(layers=layers, length=caches.length + n)
+    if segment_ids_BN is None:
+        positions, last_id = caches.position[:, None] + jnp.arange(n, dtype=jnp.int32), caches.segment_id
+    else:
+        positions = document_positions(segment_ids_BN, caches.segment_id, caches.position)
+        last_id = segment_ids_BN[:, -1].astype(jnp.int32)
+    options = dict(positions=positions, segment_ids=segment_ids_BN, caches=caches.layers)
+    logits, layers = model.forward_embeddings(model.embed(tokens_BN), **options)
+    caches = LMCache(layers=layers, length=caches.length + n, segment_id=last_id, position=positions[:, -1] + 1)
+    return logits, caches

@@ -99,3 +99,30 @@ def test_bad_arguments_are_refused(kwargs, message):
     model = nnx.eval_shape(lambda: LM(CONFIG, rngs=nnx.Rngs(0)))
     with pytest.raises(ValueError, match=message):
         generate(model, jnp.zeros((1, 3), jnp.int32), 4, **kwargs)
+
+
+def test_ragged_prompts_generate_as_each_prompt_alone():
+    """Left-padded prompts of lengths 7, 2 and 5 in one batch (the padding random ids, never seen): each row's
+    greedy continuation equals that prompt generated alone (P, W and A layers; RoPE from each prompt's start)."""
+    model = LM(CONFIG, rngs=nnx.Rngs(7))
+    prompt = jax.random.randint(jax.random.key(8), (3, 7), 0, CONFIG.vocab_size, dtype=jnp.int32)
+    lengths = jnp.asarray([7, 2, 5], jnp.int32)
+    out = generate(model, prompt, 6, prompt_lengths=lengths, temperature=0.0, key=jax.random.key(9))
+    out = out.tokens
+    assert bool(jnp.all(out[:, :7] == prompt))
+    for b, n in enumerate(lengths.tolist()):
+        alone = generate(model, prompt[b : b + 1, 7 - n :], 6, temperature=0.0, key=jax.random.key(9)).tokens
+        assert bool(jnp.all(out[b, 7:] == alone[0, n:])), b
+
+
+@pytest.mark.parametrize("bad", [999, -5])
+def test_prompt_ids_outside_the_vocabulary_are_refused(bad):
+    """Id 999 with vocab 50 gave zeros and -5 wrapped to another token; now ValueError (on the padding: ignored)."""
+    model = LM(CONFIG, rngs=nnx.Rngs(0))
+    prompt = jnp.asarray([[1, 2, bad, 3]], jnp.int32)
+    with pytest.raises(ValueError, match=rf"prompt ids must be in \[0, vocab_size=50\), got \[{bad}\]"):
+        generate(model, prompt, 2, key=jax.random.key(0))
+    with pytest.raises(ValueError, match=r"prompt_lengths must be in \[1, T0=4\], got \[0\]"):
+        generate(model, prompt, 2, prompt_lengths=jnp.asarray([0]), key=jax.random.key(0))
+    padded = generate(model, prompt, 2, prompt_lengths=jnp.asarray([1]), temperature=0.0, key=jax.random.key(0))
+    assert padded.tokens.shape == (1, 6)

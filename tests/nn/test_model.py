@@ -175,3 +175,72 @@ def test_flops_per_token():
     D = 36  # C(8 + 1, 2)
     gate = 2 * config.d_model * H * 4
     assert flops["P"][0] - matmuls - gate == 4 * (2 * D * d * (H + Hq) + 2 * 16 * d * Hq)
+
+
+DOCS = ((5, 1, 11), (9, 8))  # per row: document lengths (a one-token document; the last ones continue in decode)
+
+
+def _packed(docs, ids=(4, 9, 2)):
+    """segment ids [B, T] for per-row document lengths (non-consecutive ids)."""
+    return jnp.asarray([[ids[i] for i, n in enumerate(row) for _ in range(n)] for row in docs], jnp.int32)
+
+
+def _alone(forward, toks, docs):
+    """Each document run alone, all in one batch through forward(tokens [R, L]) -> logits [R, L, V]: one document
+    per row, padded at its end (a causal model: padding after a token never changes its logits), then put back."""
+    spans = [(b, sum(row[:i]), n) for b, row in enumerate(docs) for i, n in enumerate(row)]
+    L = max(n for _, _, n in spans)
+    rows = jnp.stack([jnp.pad(toks[b, s : s + n], (0, L - n)) for b, s, n in spans])
+    logits = forward(rows)
+    back = [[logits[r, :n] for r, (b_r, _, n) in enumerate(spans) if b_r == b] for b in range(len(docs))]
+    return jnp.stack([jnp.concatenate(row) for row in back])
+
+
+def test_packed_forward_and_gradients_equal_the_documents_alone():
+    """Packed rows (RoPE positions restarting, every mixer kept to its document): the logits of each document and
+    the gradient of a loss summed over the documents equal running the documents one by one."""
+    config = dataclasses.replace(TINY, pattern="PWA", n_layers=3)
+    model = LM(config, rngs=nnx.Rngs(6))
+    toks, seg = tokens(7, 2, 17, config.vocab_size), _packed(DOCS)
+    ct = jax.random.normal(jax.random.key(8), (2, 17, config.vocab_size))
+    loss_packed = lambda m: jnp.vdot(m(toks, segment_ids=seg), ct)
+    loss_alone = lambda m: jnp.vdot(_alone(m, toks, DOCS), ct)
+    assert (
+        rel_err(nnx.jit(lambda m: m(toks, segment_ids=seg))(model), _alone(nnx.jit(lambda t: model(t)), toks, DOCS))
+        < 1e-5
+    )
+    g_packed = nnx.state(nnx.jit(nnx.grad(loss_packed))(model), nnx.Param)
+    g_alone = nnx.state(nnx.jit(nnx.grad(loss_alone))(model), nnx.Param)
+    for a, b in zip(jax.tree.leaves(g_packed), jax.tree.leaves(g_alone)):
+        assert rel_err(a, b) < 1e-4
+
+
+def test_packed_prefill_then_decode_equals_the_documents_alone():
+    """Prefill a packed prompt, decode 3 tokens continuing each row's last document, then a new document of 4
+    tokens (a new segment id in decode_step): every logit equals its document run alone (P, W, A layers)."""
+    config = dataclasses.replace(TINY, pattern="PWA", n_layers=3)
+    model = LM(config, rngs=nnx.Rngs(9))
+    toks = tokens(10, 2, 24, config.vocab_size)
+    docs = ((5, 1, 14, 4), (9, 11, 4))  # prompt 17 + 3 continuing the last prompt document, then a new one of 4
+    logits, caches = model.prefill(toks[:, :17], 24, segment_ids=_packed(DOCS))
+    pieces = [logits]
+    for t in range(17, 24):
+        new_document = jnp.full((2, 1), 11, jnp.int32) if t >= 20 else None  # None: continue the document
+        logits, caches = model.decode_step(toks[:, t : t + 1], caches, segment_ids=new_document)
+        pieces.append(logits)
+    assert rel_err(jnp.concatenate(pieces, axis=1), _alone(nnx.jit(lambda t: model(t)), toks, docs)) < 1e-5
+
+
+def test_token_ids_and_segment_ids_are_checked():
+    """Concrete ids outside [0, vocab_size) raise ValueError; traced ones with debug_checks raise from inside jit;
+    segment_ids of the wrong shape raise before any work."""
+    model = LM(TINY, rngs=nnx.Rngs(0))
+    bad = jnp.asarray([[1, 2, 50, 3]], jnp.int32)
+    with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size=50\), got \[50\]"):
+        model(bad)
+    with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\] = \(1, 4\), got \(1, 3\)"):
+        model(bad.at[0, 2].set(0), segment_ids=jnp.zeros((1, 3), jnp.int32))
+    with pytest.raises(Exception, match=r"tokens must be ids in \[0, vocab_size=50\) \(debug_checks\), got 1 outside"):
+        jax.block_until_ready(
+            nnx.jit(lambda m, t: m(t, debug_checks=True))(model, bad.at[0, 0].set(-5).at[0, 2].set(0))
+        )

@@ -8,7 +8,12 @@ v, log_g (when gated) and the initial state (when the case has one), and compare
 - the final state and every gradient against the token-by-token recurrence (`power_retention_recurrence`) in
   float64, from the same initial state. That oracle is itself checked against the quadratic reference (outputs and
   gradients) on the same table, and against the direct sums at tiny sizes (test_oracles.py).
-Paths run the cases they support (`case_ids` filters by a predicate) and say which in their files.
+Packed cases (`docs`: each row's document lengths) run the path on the packed sequence, with segment_ids
+(reset="segment_ids": path(q, k, v, log_g, state0, segment_ids)) or with log_g = -inf at each document start
+(reset="log_g": the five arguments); their oracles run each document alone (`separately`: every document its own
+batch row, from the initial state for a row's first document and from empty for the others), so outputs, final
+states and all gradients are those of the documents run one by one. Paths run the cases they support (`case_ids`
+filters by a predicate; packed cases only when asked) and say which in their files.
 """
 
 import dataclasses
@@ -44,15 +49,28 @@ class Case:
     dtype: str = "float32"
     init: bool = False
     B: int = 2
+    docs: tuple | None = None  # packed: per row, the document lengths (summing to T)
+    reset: str = "segment_ids"  # how a packed case marks its document starts: "segment_ids" or "log_g" (-inf)
 
     @property
     def id(self) -> str:
         init = "-init" if self.init else ""
-        return f"T{self.T}-Hq{self.Hq}-H{self.H}-d{self.d}-p{self.deg}-{self.gate}-c{self.chunk}-{self.dtype}{init}"
+        packed = "" if self.docs is None else f"-{sum(map(len, self.docs))}docs-{self.reset}"
+        shape = f"T{self.T}-Hq{self.Hq}-H{self.H}-d{self.d}-p{self.deg}"
+        return f"{shape}-{self.gate}-c{self.chunk}-{self.dtype}{init}{packed}"
 
     @property
     def tol(self) -> float:
         return F32_TOL if self.dtype == "float32" else BF16_TOL
+
+
+def _random_docs(T: int, seed: int) -> tuple[int, ...]:
+    """Random document lengths summing to T (from 1 up, so length-1 documents come up)."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while sum(lengths) < T:
+        lengths.append(int(min(T - sum(lengths), rng.choice([1, 2, 5, 13, 30]))))
+    return tuple(lengths)
 
 
 CASES = [
@@ -64,13 +82,67 @@ CASES = [
     Case(100, 4, 2, 16, 2, "zero", 32, dtype="bfloat16"),
     Case(38, 2, 2, 8, 2, None, None, B=4),  # gating off, the default chunk
     Case(999, 4, 1, 16, 2, "mild", 128),  # long: 8 chunks, the last one part padding
+    # packed: documents of length 1, one starting exactly on a chunk boundary (16), one spanning one (16 + 20 > 32);
+    # T a multiple of 8 (context parallelism on 8 devices: a document starts exactly at device boundary 36)
+    Case(72, 4, 2, 8, 2, "mild", 16, init=True, docs=((1, 15, 20, 1, 1, 34), _random_docs(72, 1))),
+    Case(48, 2, 1, 4, 4, None, 16, docs=((7, 1, 8, 29, 3), _random_docs(48, 2))),  # degree 4, ungated, a start at T-3
+    Case(40, 2, 2, 8, 2, "strong", 16, docs=((16, 1, 20, 3), _random_docs(40, 3)), reset="log_g"),
 ]
 
 
-def case_ids(supported=lambda case: True) -> list:
-    """pytest params (case, id=case.id) for the cases a path supports. Each case's tests share one xdist group
-    (pyproject: --dist loadgroup), so one worker computes its inputs and oracles, once."""
-    return [pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(case.id)) for case in CASES if supported(case)]
+def case_ids(supported=lambda case: True, *, packed: bool = False) -> list:
+    """pytest params (case, id=case.id) for the cases a path supports, the packed ones only with `packed` (the path
+    then takes segment_ids, see the module docstring). Each case's tests share one xdist group (pyproject:
+    --dist loadgroup), so one worker computes its inputs and oracles, once."""
+    chosen = [case for case in CASES if supported(case) and (packed or case.docs is None)]
+    return [pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(case.id)) for case in chosen]
+
+
+def segment_ids(case: Case):
+    """The packed case's segment ids [B, T] int32 (each document a new, non-consecutive id), or None."""
+    if case.docs is None:
+        return None
+    ids = [np.repeat(3 * np.arange(len(lengths)) + 5, lengths) for lengths in case.docs]
+    return jnp.asarray(np.stack(ids), jnp.int32)
+
+
+def _layout(case: Case):
+    """Each document as a batch row: (gather [R, L] into the packed tokens flattened, B*T pointing at a zero pad;
+    scatter [B*T] into the rows flattened; each row's first document's row [B]; its last document's row [B])."""
+    rows = [
+        (b, start, n) for b, lengths in enumerate(case.docs) for start, n in zip(np.cumsum((0,) + lengths), lengths)
+    ]
+    L = max(n for _, _, n in rows)
+    gather = np.full((len(rows), L), case.B * case.T)
+    scatter = np.zeros(case.B * case.T, int)
+    for r, (b, start, n) in enumerate(rows):
+        gather[r, :n] = b * case.T + start + np.arange(n)
+        scatter[b * case.T + start + np.arange(n)] = r * L + np.arange(n)
+    first = np.array([next(r for r, row in enumerate(rows) if row[0] == b) for b in range(case.B)])
+    last = np.array([max(r for r, row in enumerate(rows) if row[0] == b) for b in range(case.B)])
+    return gather, scatter, first, last
+
+
+def separately(case: Case, fn):
+    """A path (q, k, v, log_g, state0) -> (y, state) for the packed case that runs fn(q, k, v, log_g, state0) on
+    each document alone: documents as batch rows, padded at their end with zero keys, values and gates (which
+    change neither their rows nor their final state), the initial state entering each row's first document."""
+    gather, scatter, first, last = _layout(case)
+
+    def to_rows(x):
+        flat = x.reshape((-1,) + x.shape[2:])
+        return jnp.concatenate([flat, jnp.zeros_like(flat[:1])])[gather]
+
+    def path(q, k, v, log_g, state0):
+        state_rows = None
+        if state0 is not None:
+            zeros = lambda x: jnp.zeros((len(gather),) + x.shape[1:], x.dtype)
+            state_rows = RetentionState(*(zeros(x).at[first].set(x) for x in state0))
+        y, state = fn(*map(to_rows, (q, k, v)), None if log_g is None else to_rows(log_g), state_rows)
+        y = y.reshape((-1,) + y.shape[2:])[scatter].reshape(q.shape[:2] + y.shape[2:])
+        return y, None if state is None else RetentionState(*(x[last] for x in state))
+
+    return path
 
 
 def _log_gates(rng, shape, gate):
@@ -108,6 +180,10 @@ def inputs(case: Case):
     q, k, v = (jnp.asarray(rng.standard_normal((B, T, H, case.d)), jnp.float32) for H in (case.Hq, case.H, case.H))
     q, k, v = (x.astype(case.dtype) for x in (q, k, v))
     log_g = _log_gates(rng, (B, T, case.H), case.gate)
+    if case.reset == "log_g" and case.docs is not None:  # -inf at each document start (after token 0)
+        starts = [np.cumsum(lengths)[:-1] + P for lengths in case.docs]
+        for b, row in enumerate(starts):
+            log_g[b, row] = -np.inf
     log_g = None if log_g is None else jnp.asarray(log_g)
     part = lambda x, s: None if x is None else x[:, s]
     prefix = tuple(part(x, slice(0, P)) for x in (q, k, v, log_g)) if case.init else None
@@ -130,18 +206,20 @@ def _dot(x, ct):
     return jnp.vdot(x.astype(acc), ct.astype(acc))
 
 
-def differentiate(case: Case, path, args):
+def differentiate(case: Case, path, args, *, packed: bool = True):
     """Compiled (y, final state, gradients) of <y, ct_y> + <S, ct_S> + <z, ct_z> for `path` at args = (q, k, v,
-    log_g, state0): the gradients by name, with respect to q, k, v, then log_g and (S0, z0) when given."""
+    log_g, state0): the gradients by name, with respect to q, k, v, then log_g and (S0, z0) when given. packed:
+    a packed case's path takes its segment_ids (False: an oracle that runs the documents apart)."""
     q, k, v, log_g, state0 = args
     ct_y, ct_S, ct_z = cotangents(case)
     names = ["q", "k", "v"] + (["log_g"] if log_g is not None else []) + (["S0", "z0"] if state0 is not None else [])
     given = [q, k, v] + ([log_g] if log_g is not None else []) + (list(state0) if state0 is not None else [])
+    packing = (segment_ids(case),) if packed and case.docs is not None and case.reset == "segment_ids" else ()
 
     def loss(*xs):
         x = dict(zip(names, xs))
         s0 = RetentionState(x["S0"], x["z0"]) if state0 is not None else None
-        y, state = path(x["q"], x["k"], x["v"], x.get("log_g"), s0)
+        y, state = path(x["q"], x["k"], x["v"], x.get("log_g"), s0, *packing)
         return _dot(y, ct_y) + _dot(state.S, ct_S) + _dot(state.z, ct_z), (y, state)
 
     grad = jax.value_and_grad(loss, argnums=tuple(range(len(given))), has_aux=True)
@@ -158,9 +236,17 @@ def _recurrence(q, k, v, log_g, state0, *, deg):
 
 @functools.cache
 def oracle(case: Case):
-    """float64: (y of the quadratic reference, and the recurrence's (y, state, gradients))."""
+    """float64: (y of the quadratic reference, and the recurrence's (y, state, gradients)); for a packed case the
+    documents run one by one (`separately`; y from the recurrence when the case starts from a state)."""
     (q, k, v, log_g, state0), prefix = inputs(case)
     args64 = (*f64(q, k, v, log_g), None if state0 is None else RetentionState(*f64(*state0)))
+    if case.docs is not None:
+        recurrence = separately(case, functools.partial(_recurrence, deg=case.deg))
+        recurrence = differentiate(case, recurrence, args64, packed=False)
+        if case.init:
+            return recurrence[0], recurrence
+        reference = separately(case, lambda q, k, v, log_g, _: (_reference(q, k, v, log_g, deg=case.deg), None))
+        return reference(*args64)[0], recurrence
     if case.init:
         full = [None if p is None else jnp.concatenate([p, x], axis=1) for p, x in zip(prefix, (q, k, v, log_g))]
         y_ref = _reference(*f64(*full), deg=case.deg)[:, PREFIX:]
@@ -200,13 +286,21 @@ def pieces(T: int) -> list[tuple[int, int]]:
 
 def stepped(step, init_state_of):
     """A path that feeds `pieces(T)` in turn to step(state, q, k, v, log_g) -> (y, state), starting from state0
-    (or `init_state_of(q, k)` without one)."""
+    (or `init_state_of(q, k)` without one). With segment_ids each piece gets its own as a keyword, and a row whose
+    piece starts a document starts it from an empty state (what the PowerRetention mixer does)."""
 
-    def path(q, k, v, log_g, state0):
+    def path(q, k, v, log_g, state0, segment_ids=None):
         state = init_state_of(q, k) if state0 is None else state0
         ys = []
         for a, b in pieces(q.shape[1]):
-            y, state = step(state, q[:, a:b], k[:, a:b], v[:, a:b], None if log_g is None else log_g[:, a:b])
+            packing = {}
+            if segment_ids is not None:
+                packing = dict(segment_ids=segment_ids[:, a:b])
+                if a > 0:  # rows whose piece starts a document start from an empty state
+                    fresh = segment_ids[:, a] != segment_ids[:, a - 1]
+                    fresh = fresh.reshape((-1, 1, 1, 1))
+                    state = RetentionState(jnp.where(fresh, 0, state.S), jnp.where(fresh[..., 0], 0, state.z))
+            y, state = step(state, q[:, a:b], k[:, a:b], v[:, a:b], None if log_g is None else log_g[:, a:b], **packing)
             ys.append(y)
         return jnp.concatenate(ys, axis=1), state
 

@@ -1,7 +1,10 @@
 """Softmax baselines: blockwise (forward and custom backward) against dense, windows, and KV-cache decode."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from retention import init_kv_cache, softmax_attention, softmax_attention_step
@@ -56,3 +59,72 @@ def test_step_matches_full(window, n, max_len):
         y, cache = step(cache, q[:, t : t + n], k[:, t : t + n], v[:, t : t + n])
         assert rel_err(y, full[:, t : t + n]) < 1e-5, t
     assert int(cache.length) == (T // n) * n
+
+
+PACKED_T, SCALE = 72, 8**-0.5
+PACKED_DOCS = ((1, 15, 20, 1, 1, 34), (5, 11, 16, 2, 29, 9))  # length-1 documents; starts on and across block 16
+
+
+def _segments(docs):
+    """Segment ids [B, T] of per-row document lengths (non-consecutive ids)."""
+    return jnp.asarray([np.repeat(7 * np.arange(len(row)) + 3, row) for row in docs], jnp.int32)
+
+
+def _documents_alone(q, k, v, window):
+    """Dense attention on each document by itself (its own call), rows put back in place: [B, T, Hq, d]."""
+    rows = []
+    for b, row in enumerate(PACKED_DOCS):
+        starts = np.cumsum((0,) + row)[:-1]
+        doc = lambda x, s, n, b=b: x[b : b + 1, s : s + n]
+        parts = [
+            dense_attention(doc(q, s, n), doc(k, s, n), doc(v, s, n), window=window, scale=SCALE)
+            for s, n in zip(starts, row)
+        ]
+        rows.append(jnp.concatenate(parts, axis=1))
+    return jnp.concatenate(rows)
+
+
+@functools.cache
+def _packed_oracle(window):
+    """(inputs q, k, v, cotangent, float64 y and gradients of <y, ct> of the documents run alone)."""
+    q, k, v, _ = random_qkv(11, 2, PACKED_T, 4, 2, 8)
+    ct = jax.random.normal(jax.random.key(12), q.shape, jnp.float32)
+    alone = lambda *x: jnp.vdot(_documents_alone(*x, window), ct)
+    y, grads = jax.jit(
+        jax.value_and_grad(lambda *x: (alone(*x), _documents_alone(*x, window)), (0, 1, 2), has_aux=True)
+    )(*f64(q, k, v))
+    return (q, k, v, ct), y[1], grads
+
+
+def _stepped(q, k, v, window, seg):
+    """softmax_attention_step fed 24 tokens at a time with their segment ids (a 32-slot ring buffer for the
+    window)."""
+    cache = init_kv_cache(q.shape[0], k.shape[2], q.shape[3], PACKED_T if window is None else window + 23, q.dtype)
+    ys = []
+    for t in range(0, PACKED_T, 24):
+        piece = lambda x, t=t: x[:, t : t + 24]
+        y, cache = softmax_attention_step(cache, *map(piece, (q, k, v)), window=window, segment_ids=piece(seg))
+        ys.append(y)
+    return jnp.concatenate(ys, axis=1)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.parametrize("path", ["dense", "blockwise", "step"])
+def test_packed_equals_the_documents_alone(path, window):
+    """Packed rows with segment_ids: outputs and the gradients of <y, ct> with respect to q, k and v equal running
+    each document alone (float64 dense attention), full attention and a sliding window, GQA."""
+    (q, k, v, ct), y_want, grads_want = _packed_oracle(window)
+    seg = _segments(PACKED_DOCS)
+    run = {
+        "dense": lambda q, k, v: dense_attention(q, k, v, window=window, segment_ids=seg, scale=SCALE),
+        "blockwise": lambda q, k, v: blockwise_attention(
+            q, k, v, window=window, segment_ids=seg, scale=SCALE, block_size=16
+        ),
+        "step": lambda q, k, v: _stepped(q, k, v, window, seg),
+    }[path]
+    loss = lambda fn: lambda *x: jnp.vdot(fn(*x).astype(jnp.float64), ct)
+    with_y = lambda *x: (loss(run)(*x), run(*x))
+    (_, y), grads = jax.jit(jax.value_and_grad(with_y, (0, 1, 2), has_aux=True))(q, k, v)
+    assert rel_err(y, y_want) < 1e-5
+    for name, a, b in zip("qkv", grads, grads_want):
+        assert rel_err(a, b) < 1e-5, name

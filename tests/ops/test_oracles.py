@@ -13,7 +13,7 @@ import pytest
 from retention import power_retention_reference, sympow
 from retention.ops.power_retention.reference import power_retention_recurrence
 from tests.helpers import f64, random_qkv, rel_err
-from tests.ops.cases import PREFIX, case_ids, inputs, oracle
+from tests.ops.cases import PREFIX, case_ids, inputs, oracle, segment_ids
 
 # The reference adds 1e-7 inside the log and 1e-6 to the normaliser (DESIGN section 1): its outputs agree with the
 # exact formula to about 1e-6, far below the paths' tolerance (2e-5). Its gradients move more where one key
@@ -71,12 +71,25 @@ def test_recurrence_is_the_direct_sum(deg):
     assert rel_err(got, read(probes)) < EXACT
 
 
-@pytest.mark.parametrize("case", case_ids())
+@pytest.mark.parametrize("case", case_ids(lambda case: not (case.docs and case.init), packed=True))
 def test_recurrence_matches_the_reference(case):
     """On the case table, the outputs `check_path` compares: the recurrence's from the (float32) initial state, the
-    reference's over prefix + sequence."""
+    reference's over prefix + sequence (packed: each document alone; a packed case from a state has no reference)."""
     y_ref, (y, _, _) = oracle(case)
     assert rel_err(y, y_ref) < REFERENCE_FLOOR
+
+
+@pytest.mark.parametrize("case", case_ids(lambda case: case.docs and not case.init, packed=True))
+def test_packed_oracles_equal_the_documents_alone(case):
+    """The reference and the recurrence take segment_ids (or -inf gates) themselves: on the packed sequence they
+    give the rows of the documents run alone, in float64."""
+    (q, k, v, log_g, _), _ = inputs(case)
+    y_alone, (y_rec_alone, _, _) = oracle(case)
+    seg = segment_ids(case)
+    y_ref = power_retention_reference(*f64(q, k, v, log_g), segment_ids=seg, deg=case.deg)
+    y_rec, _ = power_retention_recurrence(*f64(q, k, v, log_g), segment_ids=seg, deg=case.deg)
+    assert rel_err(y_ref, y_alone) < EXACT
+    assert rel_err(y_rec, y_rec_alone) < EXACT
 
 
 @pytest.mark.parametrize("case", case_ids(lambda case: case.init and case.Hq > case.H and case.gate == "mild"))

@@ -1,12 +1,14 @@
 """Context-parallel ops on 8 host devices (run by test_eight_devices.py): power retention with the sequence split
-over the "sequence" axis, on the case table (tests/ops/cases.py), equals the single-device op and the float64
-oracles (outputs, final state, gradients); the softmax baseline with gathered K and V equals single-device softmax
-attention; bad meshes and lengths raise clear errors."""
+over the "sequence" axis, on the case table (tests/ops/cases.py, packed cases included: documents that start
+inside a device's tokens and exactly at a device boundary), equals the single-device op and the float64 oracles
+(outputs, final state, gradients); the softmax baseline with gathered K and V (and segment ids) equals
+single-device softmax attention; bad meshes and lengths raise clear errors."""
 
 import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from retention import power_retention, softmax_attention
@@ -60,21 +62,21 @@ def _supported(case) -> bool:
     return _sequence_devices(case) > 0 and case.B % math.prod(_mesh_shape(case)[:2]) == 0
 
 
-@pytest.mark.parametrize("case", case_ids(_supported))
+@pytest.mark.parametrize("case", case_ids(_supported, packed=True))
 def test_power_retention_on_the_case_table(case):
     """The sequence split over `_mesh_shape(case)`: outputs, final state and gradients (q, k, v, log_g, initial
     state) against the single-device op and the float64 oracles. Odd T does not split; the rest runs."""
     mesh = make_mesh(*_mesh_shape(case))
 
-    def cp(q, k, v, log_g, state0):
+    options = dict(deg=case.deg, chunk_size=case.chunk, return_state=True)
+
+    def cp(q, k, v, log_g, state0, segment_ids=None):
         return power_retention_context_parallel(
-            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, mesh=mesh
+            q, k, v, log_g, segment_ids=segment_ids, initial_state=state0, mesh=mesh, **options
         )
 
-    def one(q, k, v, log_g, state0):
-        return power_retention(
-            q, k, v, log_g, deg=case.deg, chunk_size=case.chunk, initial_state=state0, return_state=True, impl="xla"
-        )
+    def one(q, k, v, log_g, state0, segment_ids=None):
+        return power_retention(q, k, v, log_g, segment_ids=segment_ids, initial_state=state0, impl="xla", **options)
 
     float32 = case.tol == F32_TOL
     y, state, grads = check_path(case, cp, tol=CP_ORACLE_TOL if float32 else case.tol)
@@ -101,16 +103,22 @@ def test_ambient_mesh_and_collectives():
     assert "collective-permute" in hlo and "all-gather" not in hlo
 
 
-@pytest.mark.parametrize("window,shape,Hq,H,T", [(None, (1, 1, 8), 4, 2, 88), (13, (2, 1, 4), 2, 2, 60)])
-def test_softmax_attention_gathers_kv(window, shape, Hq, H, T):
+@pytest.mark.parametrize(
+    "window,shape,Hq,H,T,packed", [(None, (1, 1, 8), 4, 2, 88, False), (13, (2, 1, 4), 2, 2, 60, True)]
+)
+def test_softmax_attention_gathers_kv(window, shape, Hq, H, T, packed):
+    """Packed: documents of 1, 14 and 30 tokens (one starting at device boundary 15) and the rest; the oracle is
+    the single-device op with the same segment ids (itself checked against the documents alone in tests/ops)."""
     mesh = make_mesh(*shape)
     q, k, v, _ = random_qkv(T, 2, T, Hq, H, 8)
-    run = lambda *a: softmax_attention_context_parallel(*a, window=window, mesh=mesh, block_size=16)
-    got, want = _run(run, q, k, v), _run(lambda *a: softmax_attention(*a, window=window), q, k, v)
+    seg = jnp.asarray(np.repeat([4, 1, 9, 2], [1, 14, 30, T - 45])[None].repeat(2, 0), jnp.int32) if packed else None
+    run = lambda *a: softmax_attention_context_parallel(*a, window=window, segment_ids=seg, mesh=mesh, block_size=16)
+    single = lambda *a: softmax_attention(*a, window=window, segment_ids=seg)
+    got, want = _run(run, q, k, v), _run(single, q, k, v)
     assert rel_err(got, want) < 1e-5
     cot = _cotangent(3, q.shape)
     got_grads = _grads(run, cot, q, k, v)
-    want_grads = _grads(lambda *x: softmax_attention(*x, window=window), cot, q, k, v)
+    want_grads = _grads(single, cot, q, k, v)
     for name, a, b in zip("qkv", got_grads, want_grads):
         assert rel_err(a, b) < 1e-5, name
     hlo = jax.jit(run).lower(q, k, v).compile().as_text()
@@ -135,3 +143,21 @@ def test_errors_name_the_argument():
         power_retention_context_parallel(q, k, v, log_g)  # no mesh given, none ambient
     with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'pallas'\)"):
         power_retention_context_parallel(q, k, v, log_g, mesh=mesh, impl="reference")
+
+
+@pytest.mark.parametrize("op", ["power_retention", "softmax_attention"])
+def test_a_nan_key_poisons_only_what_sees_it(op):
+    """A NaN key at token 20 (on the third of 8 devices of 8 tokens), packed with a second document from token 44:
+    rows before 20 are exactly those without the NaN, the first document's rows from 20 on are NaN in the query
+    heads reading that kv-head (never 0), and the second document, on later devices, is untouched."""
+    mesh = make_mesh(1, 1, 8)
+    q, k, v, log_g = random_qkv(21, 2, 64, 4, 2, 8, gate="mild")
+    seg = jnp.asarray(np.repeat([3, 8], [44, 20])[None].repeat(2, 0), jnp.int32)
+    if op == "power_retention":
+        run = lambda k: power_retention_context_parallel(q, k, v, log_g, segment_ids=seg, chunk_size=16, mesh=mesh)
+    else:
+        run = lambda k: softmax_attention_context_parallel(q, k, v, segment_ids=seg, mesh=mesh, block_size=16)
+    clean, got = (np.asarray(_run(run, x)) for x in (k, k.at[:, 20, 0].set(jnp.nan)))
+    assert np.array_equal(got[:, :20], clean[:, :20])
+    assert np.isnan(got[:, 20:44, :2]).all() and np.isfinite(got[:, 20:44, 2:]).all()
+    assert rel_err(got[:, 44:], clean[:, 44:]) < 1e-6

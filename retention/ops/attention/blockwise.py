@@ -3,7 +3,8 @@
 A forward over query blocks that visits only the key blocks inside the causal band (and window), folding each in
 with the online softmax (`scores.online_softmax_update`), and a FlashAttention-2 style backward under
 `jax.custom_vjp` that recomputes each block's probabilities from the saved log-sum-exp. Neither ever holds a
-T x T array, so 64k tokens fit in memory.
+T x T array, so 64k tokens fit in memory. With segment ids a query sees only keys of its own document (the mask;
+blocks are not skipped by document).
 """
 
 from functools import partial
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
-from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, visible
+from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, poison_nonfinite, visible
 
 DEFAULT_BLOCK = 512
 
@@ -29,15 +30,17 @@ def _query_block_range(j, b, nb, window):
     return j, hi
 
 
-def _block_scores(q_blk, k_blk, i, j, b, window):
-    """Masked scores [BH, b, b] of query block i against key block j, and the mask."""
+def _block_scores(q_blk, k_blk, i, j, b, window, seg_XNb):
+    """Masked scores [BH, b, b] of query block i against key block j, and the mask (seg_XNb: segment ids, or
+    None for one document)."""
     s = jnp.einsum("xrd,xcd->xrc", q_blk, k_blk, preferred_element_type=acc_dtype(q_blk))
     pos = jnp.arange(b)
-    ok = visible(i * b + pos[:, None], j * b + pos[None, :], window)
+    seg = (None, None) if seg_XNb is None else (seg_XNb[:, i, :, None], seg_XNb[:, j, None, :])
+    ok = visible(i * b + pos[:, None], j * b + pos[None, :], window, *seg)
     return jnp.where(ok, s, MASKED), ok
 
 
-def _forward(q_XNbd, k_XNbd, v_XNbd, window):
+def _forward(q_XNbd, k_XNbd, v_XNbd, seg_XNb, window):
     """Online-softmax forward: (o [X, N, b, d] float32, lse [X, N, b])."""
     X, nb, b, d = q_XNbd.shape
     acc_t = acc_dtype(q_XNbd)
@@ -46,7 +49,7 @@ def _forward(q_XNbd, k_XNbd, v_XNbd, window):
         q_blk = q_XNbd[:, i]
 
         def body(j, carry):
-            s, ok = _block_scores(q_blk, k_XNbd[:, j], i, j, b, window)
+            s, ok = _block_scores(q_blk, k_XNbd[:, j], i, j, b, window, seg_XNb)
             return online_softmax_update(carry, s, ok, v_XNbd[:, j])
 
         lo, hi = _key_block_range(i, b, nb, window)
@@ -58,7 +61,7 @@ def _forward(q_XNbd, k_XNbd, v_XNbd, window):
     return jnp.moveaxis(o, 0, 1), jnp.moveaxis(lse, 0, 1)
 
 
-def _backward(q_XNbd, k_XNbd, v_XNbd, o_XNbd, lse_XNb, do_XNbd, window):
+def _backward(q_XNbd, k_XNbd, v_XNbd, seg_XNb, o_XNbd, lse_XNb, do_XNbd, window):
     """FlashAttention-2 backward: outer loop over key blocks, inner over the query blocks that see them."""
     X, nb, b, d = q_XNbd.shape
     f32 = acc_dtype(q_XNbd)
@@ -70,7 +73,7 @@ def _backward(q_XNbd, k_XNbd, v_XNbd, o_XNbd, lse_XNb, do_XNbd, window):
         def body(i, carry):
             dq, dk, dv = carry
             q_blk, do_blk = q_XNbd[:, i], do_XNbd[:, i].astype(f32)
-            s, ok = _block_scores(q_blk, k_blk, i, j, b, window)
+            s, ok = _block_scores(q_blk, k_blk, i, j, b, window, seg_XNb)
             p = jnp.where(ok, jnp.exp(s - lse_XNb[:, i][..., None]), 0.0)
             dv = dv + jnp.einsum("xrc,xrd->xcd", p, do_blk)
             ds = p * (jnp.einsum("xrd,xcd->xrc", do_blk, v_blk) - delta_XNb[:, i][..., None])
@@ -87,33 +90,39 @@ def _backward(q_XNbd, k_XNbd, v_XNbd, o_XNbd, lse_XNb, do_XNbd, window):
     return dq, jnp.moveaxis(dk, 0, 1), jnp.moveaxis(dv, 0, 1)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _blockwise(q_XNbd, k_XNbd, v_XNbd, window):
-    return _forward(q_XNbd, k_XNbd, v_XNbd, window)[0].astype(v_XNbd.dtype)
+@partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _blockwise(q_XNbd, k_XNbd, v_XNbd, seg_XNb, window):
+    return _forward(q_XNbd, k_XNbd, v_XNbd, seg_XNb, window)[0].astype(v_XNbd.dtype)
 
 
-def _blockwise_fwd(q_XNbd, k_XNbd, v_XNbd, window):
-    o, lse = _forward(q_XNbd, k_XNbd, v_XNbd, window)
-    return o.astype(v_XNbd.dtype), (q_XNbd, k_XNbd, v_XNbd, o, lse)
+def _blockwise_fwd(q_XNbd, k_XNbd, v_XNbd, seg_XNb, window):
+    o, lse = _forward(q_XNbd, k_XNbd, v_XNbd, seg_XNb, window)
+    return o.astype(v_XNbd.dtype), (q_XNbd, k_XNbd, v_XNbd, seg_XNb, o, lse)
 
 
 def _blockwise_bwd(window, residuals, do_XNbd):
-    q, k, v, o, lse = residuals
-    dq, dk, dv = _backward(q, k, v, o, lse, do_XNbd, window)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    q, k, v, seg, o, lse = residuals
+    dq, dk, dv = _backward(q, k, v, seg, o, lse, do_XNbd, window)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # segment ids: no cotangent
 
 
 _blockwise.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
-def blockwise_attention(q, k, v, *, window=None, scale, block_size=DEFAULT_BLOCK):
-    """Causal softmax attention in blocks of `block_size` (any T: padded, then cropped). Shapes as the op's."""
+def blockwise_attention(q, k, v, *, window=None, segment_ids=None, scale, block_size=DEFAULT_BLOCK):
+    """Causal softmax attention in blocks of `block_size` (any T: padded, then cropped). Shapes as the op's;
+    segment_ids [B, T] or None. Non-finite inputs as every path (`scores.poison_nonfinite`)."""
     B, T, Hq, _ = q.shape
     H = k.shape[2]
+    q, k, v = poison_nonfinite(q, k, v)
     b = min(block_size, 1 << max(4, (T - 1).bit_length()))  # no block longer than the sequence needs
     nb = -(-T // b)
     pad = [(0, 0), (0, nb * b - T), (0, 0), (0, 0)]
     to_blocks = lambda x: rearrange(jnp.pad(x, pad), "B (N b) H d -> (B H) N b d", b=b)
     k_rep, v_rep = (jnp.repeat(x, Hq // H, axis=2) for x in (k, v))
-    o = _blockwise(to_blocks(q * jnp.asarray(scale, q.dtype)), to_blocks(k_rep), to_blocks(v_rep), window)
+    seg = None
+    if segment_ids is not None:  # padded keys come after every real query: causality hides them, whatever the id
+        seg = jnp.pad(segment_ids.astype(jnp.int32), [(0, 0), (0, nb * b - T)], constant_values=-1)
+        seg = rearrange(jnp.broadcast_to(seg[:, None], (B, Hq, nb * b)), "B H (N b) -> (B H) N b", b=b)
+    o = _blockwise(to_blocks(q * jnp.asarray(scale, q.dtype)), to_blocks(k_rep), to_blocks(v_rep), seg, window)
     return rearrange(o, "(B H) N b d -> B (N b) H d", B=B)[:, :T]

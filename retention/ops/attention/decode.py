@@ -1,4 +1,11 @@
-"""Softmax attention decode against a preallocated KV cache (a ring buffer for a sliding window)."""
+"""Softmax attention decode against a preallocated KV cache (a ring buffer for a sliding window).
+
+A step of n new tokens writes them into the cache and attends each new query to the keys it may see, in blocks:
+query blocks of up to STEP_QUERY_BLOCK tokens, each folding key blocks of the old cache and then of the new keys
+into an online softmax (`scores.online_softmax_update`), with key blocks sized so that one block of scores stays
+under STEP_SCORE_BYTES. A one-token decode step is one block (one pass over the cache, as a plain softmax); a
+65536-token step never holds more than a block of scores.
+"""
 
 from typing import NamedTuple
 
@@ -7,19 +14,24 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
-from retention.ops.attention.scores import acc_dtype, visible
+from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, poison_nonfinite, visible
 from retention.ops.attention.validation import check_window
-from retention.ops.validation import check_qkv, check_scale
-from retention.validation import check_int
+from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids, runtime_input_checks
+from retention.validation import check_at_runtime, check_int, concrete
+
+STEP_SCORE_BYTES = 1 << 25  # float32 scores of one (query block, key block) pair: 32 MiB
+STEP_QUERY_BLOCK = 512
 
 
 class KVCache(NamedTuple):
-    """Preallocated keys and values. Slot s holds absolute position pos[s] (-1 when empty); tokens are written
-    at slot position % max_len, so a cache shorter than the sequence is a ring buffer (a sliding window)."""
+    """Preallocated keys and values. Slot s holds absolute position pos[s] (-1 when empty) and, per batch row, the
+    segment id (document) of its token; tokens are written at slot position % max_len, so a cache shorter than the
+    sequence is a ring buffer (a sliding window)."""
 
     k: Float[Array, "B H L d"]
     v: Float[Array, "B H L d"]
     pos: Int[Array, " L"]
+    segment_ids: Int[Array, "B L"]
     length: Int[Array, ""]
 
 
@@ -28,13 +40,52 @@ def init_kv_cache(batch: int, heads: int, head_dim: int, max_len: int, dtype=jnp
     slots, so a decode step reads each head's keys contiguously instead of transposing the cache)."""
     for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("max_len", max_len)):
         check_int(name, value)
+    if jnp.dtype(dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
     shape = (batch, heads, max_len, head_dim)
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
         pos=jnp.full((max_len,), -1, jnp.int32),
+        segment_ids=jnp.zeros((batch, max_len), jnp.int32),
         length=jnp.zeros((), jnp.int32),
     )
+
+
+def last_segment_ids(cache: KVCache) -> Int[Array, " B"]:
+    """Each row's segment id of the last token written (0 for an empty cache)."""
+    L = cache.k.shape[2]
+    last = jax.lax.dynamic_index_in_dim(cache.segment_ids, (cache.length - 1) % L, axis=1, keepdims=False)
+    return jnp.where(cache.length > 0, last, 0)
+
+
+def _key_block(rows: int, S: int) -> int:
+    """Keys per block for `rows` = B * Hq * query rows of float32 scores: a power of two under STEP_SCORE_BYTES
+    (at least 16), or all S keys when they fit."""
+    block = 1 << max(4, (STEP_SCORE_BYTES // (4 * rows)).bit_length() - 1)
+    return S if block >= S else block
+
+
+def _fold_keys(carry, q_blk, q_pos, q_seg, keys, window, n_blocks, block: int):
+    """Fold the first n_blocks blocks of `block` keys of one source into the online-softmax carry of one query
+    block: q_blk [B, H, g, r, d] at positions q_pos [r] with segment ids q_seg [B, r]; keys = (k [B, H, S, d],
+    v [B, H, S, d], pos [S] (-1: empty), seg [B, S]). The last block starts at S - block (overlapping the one
+    before it; the keys it repeats are masked), so no source is padded or copied."""
+    k_src, v_src, pos_src, seg_src = keys
+    S = k_src.shape[2]
+
+    def fold(carry, start, first_new):
+        k_blk, v_blk = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k_src, v_src))
+        pos = jax.lax.dynamic_slice_in_dim(pos_src, start, block)
+        seg = jax.lax.dynamic_slice_in_dim(seg_src, start, block, axis=1)
+        ok = visible(q_pos[:, None], pos[None, :], window, q_seg[:, :, None], seg[:, None, :])
+        ok = (ok & (pos >= 0) & (start + jnp.arange(block) >= first_new))[:, None, None]  # [B, 1, 1, r, block]
+        s = jnp.einsum("bhgrd,bhkd->bhgrk", q_blk, k_blk.astype(q_blk.dtype), preferred_element_type=q_blk.dtype)
+        return online_softmax_update(carry, jnp.where(ok, s, MASKED), ok, v_blk[:, :, None])
+
+    if block == S:
+        return fold(carry, 0, 0)
+    return jax.lax.fori_loop(0, n_blocks, lambda j, c: fold(c, jnp.minimum(j * block, S - block), j * block), carry)
 
 
 def softmax_attention_step(
@@ -44,49 +95,104 @@ def softmax_attention_step(
     v: Float[Array, "B n H d"],
     *,
     window: int | None = None,
+    segment_ids: Int[Array, "B n"] | None = None,
     scale: float | None = None,
+    debug_checks: bool = False,
 ) -> tuple[Float[Array, "B n Hq d"], KVCache]:
     """Write n new tokens into the cache in place, then attend each new query to the keys it may see.
 
     Row i equals row t0 + i of `softmax_attention` over the whole sequence as long as the cache holds every key
-    that row sees: max_len >= total length for full attention, >= window + n - 1 for a sliding window.
-    Jit the caller with the cache donated (or run it inside a compiled loop) so the write needs no copy.
+    that row sees: max_len >= total length for full attention (checked: n > max_len, or a known length + n >
+    max_len, raises ValueError; under jit the rows of a step after the cache overflowed are NaN), >= window + n - 1
+    for a sliding window. segment_ids [B, n]: the new tokens' documents (each query sees only its own document's
+    keys, the cache's included); None continues each row's last document. Jit the caller with the cache donated
+    (or run it inside a compiled loop) so the write needs no copy. debug_checks: raise ValueError for non-finite
+    q, k, v and for a full-attention overflow, also under jit.
     """
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)
     B, n, Hq, d = q.shape
     H, L = cache.k.shape[1], cache.k.shape[2]
+    check_segment_ids(segment_ids, B, n)
     if cache.k.shape != (B, k.shape[2], L, d) or cache.k.dtype != k.dtype:
         raise ValueError(
             f"cache holds k {cache.k.shape} {cache.k.dtype}; new k {k.shape} {k.dtype} must match on B, H, d and dtype"
         )
     if window is not None and L < window + n - 1:
         raise ValueError(f"a sliding-window cache needs max_len >= window + n - 1 = {window + n - 1}, got {L}")
+    length = concrete(cache.length)
+    if window is None and (n > L or (length is not None and int(length) + n > L)):
+        raise ValueError(
+            f"a full-attention cache needs max_len >= its length + n = {'?' if length is None else int(length)} + "
+            f"{n}, got max_len={L} (init_kv_cache with a larger max_len, or a sliding window)"
+        )
+    if debug_checks:
+        checks = runtime_input_checks({"q": q, "k": k, "v": v}, segment_ids)
+        if window is None:
+            message = f"cache overflows (debug_checks): a full-attention cache of max_len={L} would hold {{}} tokens"
+            checks.append((message, cache.length + n > L, cache.length + n))
+        check_at_runtime(checks)
     scale = d**-0.5 if scale is None else float(scale)
+    q, k, v = poison_nonfinite(q, k, v)
+    seg_new = jnp.broadcast_to(last_segment_ids(cache)[:, None], (B, n)) if segment_ids is None else segment_ids
+    seg_new = seg_new.astype(jnp.int32)
     new_pos = cache.length + jnp.arange(n, dtype=jnp.int32)
     k_BHnd, v_BHnd = (rearrange(x, "B n H d -> B H n d") for x in (k, v))
-    acc_t = acc_dtype(q)
-    q_BHmd = rearrange(q.astype(acc_t) * scale, "B n (H g) d -> B H (g n) d", H=H)  # m = g * n query rows
+    y = _attend(
+        cache,
+        rearrange(q.astype(acc_dtype(q)) * scale, "B n (H g) d -> B H g n d", H=H),
+        new_pos,
+        seg_new,
+        (k_BHnd, v_BHnd, new_pos, seg_new),
+        window,
+    )
+    if window is None:  # the cache overflowed before this step: the keys these rows need are gone
+        y = jnp.where(cache.length > L, jnp.nan, y)
+    y = rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype)
     # Read the cache as it was, with the new keys beside it, and write only after: reading the written cache
     # makes XLA copy the whole cache every step (measured 6x slower at 16k, experiments/PERF_LOG.md).
-    s_old = jnp.einsum("bhmd,bhld->bhml", q_BHmd, cache.k, preferred_element_type=acc_t)
-    s_new = jnp.einsum("bhmd,bhjd->bhmj", q_BHmd, k_BHnd, preferred_element_type=acc_t)
-    row_pos = jnp.tile(new_pos, Hq // H)[:, None]  # the position of each of the m query rows
-    ok_old = (cache.pos[None, :] >= 0) & visible(row_pos, cache.pos[None, :], window)
-    ok_new = visible(row_pos, new_pos[None, :], window)
-    s = jnp.concatenate([jnp.where(ok_old, s_old, -jnp.inf), jnp.where(ok_new, s_new, -jnp.inf)], axis=-1)
-    p = jax.nn.softmax(s, axis=-1)
-    y = jnp.einsum("bhml,bhld->bhmd", p[..., :L], cache.v, preferred_element_type=acc_t)
-    y = y + jnp.einsum("bhmj,bhjd->bhmd", p[..., L:], v_BHnd, preferred_element_type=acc_t)
-    y = rearrange(y, "B H (g n) d -> B n (H g) d", n=n).astype(v.dtype)
-    y, k_cache, v_cache = jax.lax.optimization_barrier((y, cache.k, cache.v))  # the write waits for the read
+    y, k_cache, v_cache, seg_cache = jax.lax.optimization_barrier((y, cache.k, cache.v, cache.segment_ids))
     if n == 1:
         slot = cache.length % L
         k_cache = jax.lax.dynamic_update_slice_in_dim(k_cache, k_BHnd, slot, axis=2)
         v_cache = jax.lax.dynamic_update_slice_in_dim(v_cache, v_BHnd, slot, axis=2)
+        seg_cache = jax.lax.dynamic_update_slice_in_dim(seg_cache, seg_new, slot, axis=1)
     else:
         k_cache = k_cache.at[:, :, new_pos % L].set(k_BHnd)
         v_cache = v_cache.at[:, :, new_pos % L].set(v_BHnd)
+        seg_cache = seg_cache.at[:, new_pos % L].set(seg_new)
     pos = cache.pos.at[new_pos % L].set(new_pos)
-    return y, KVCache(k=k_cache, v=v_cache, pos=pos, length=cache.length + n)
+    return y, KVCache(k=k_cache, v=v_cache, pos=pos, segment_ids=seg_cache, length=cache.length + n)
+
+
+def _attend(cache: KVCache, q_BHgnd, q_pos, q_seg, new_keys, window):
+    """The n queries [B, H, g, n, d] (scaled, accumulation dtype) against the old cache and the new keys, in query
+    blocks of STEP_QUERY_BLOCK rows: [B, H, g, n, d] (acc / den of the online softmax)."""
+    B, H, g, n, d = q_BHgnd.shape
+    L = cache.k.shape[2]
+    rows = min(n, STEP_QUERY_BLOCK)
+    n_q = -(-n // rows)
+    pad = n_q * rows - n  # padded query rows see whatever they see, and are cropped
+    q_BHgnd = jnp.pad(q_BHgnd, [(0, 0)] * 3 + [(0, pad), (0, 0)])
+    q_pos = jnp.pad(q_pos, (0, pad), mode="edge")
+    q_seg = jnp.pad(q_seg, [(0, 0), (0, pad)], mode="edge")
+    old_keys = (cache.k, cache.v, cache.pos, cache.segment_ids)
+    old_block, new_block = _key_block(B * H * g * rows, L), _key_block(B * H * g * rows, n)
+
+    def one_query_block(i):
+        lo = i * rows
+        q_blk = jax.lax.dynamic_slice_in_dim(q_BHgnd, lo, rows, axis=3)
+        pos = jax.lax.dynamic_slice_in_dim(q_pos, lo, rows)
+        seg = jax.lax.dynamic_slice_in_dim(q_seg, lo, rows, axis=1)
+        zeros = jnp.zeros(q_blk.shape[:-1], q_blk.dtype)
+        carry = (jnp.full_like(zeros, MASKED), zeros, jnp.zeros_like(q_blk))
+        carry = _fold_keys(carry, q_blk, pos, seg, old_keys, window, -(-L // old_block), old_block)
+        seen_new = -(-jnp.minimum(n, lo + rows) // new_block)  # new-key blocks up to this block's last row
+        _, den, acc = _fold_keys(carry, q_blk, pos, seg, new_keys, window, seen_new, new_block)
+        return acc / den[..., None]
+
+    if n_q == 1:
+        return one_query_block(0)[:, :, :, :n]
+    out = jax.lax.map(one_query_block, jnp.arange(n_q))  # [n_q, B, H, g, rows, d]
+    return rearrange(out, "N B H g r d -> B H g (N r) d")[:, :, :, :n]

@@ -1,21 +1,37 @@
-"""The public softmax-attention op and its dispatch: causal, full or over a sliding window.
+"""The public softmax-attention op and its dispatch: causal, full or over a sliding window, optionally packed
+(segment_ids: no attention across documents).
 
 impl = "auto" | "xla" | "cudnn" | "reference":
 - "xla": blockwise with an online softmax (`blockwise.py`), on every backend;
-- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU only);
+- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU only). That public API takes no segment
+  ids: with segment_ids it gets a dense boolean [B, 1, T, T] mask, which cuDNN turns into a bias (O(T^2) memory;
+  cuDNN's packed-segment form is only in JAX's private `jax._src.cudnn`);
 - "reference": dense (`reference.py`), O(T^2) memory;
-- "auto": cuDNN on GPU for bf16/fp16 inputs, else blockwise.
+- "auto": cuDNN on GPU for bf16/fp16 inputs without segment_ids, else blockwise.
+A NaN or inf in an input gives NaN in the rows that see it, never anything finite (`scores.poison_nonfinite`);
+`debug_checks=True` raises instead (a host callback, also under jit).
 """
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from retention.ops.attention.blockwise import blockwise_attention
 from retention.ops.attention.reference import dense_attention
+from retention.ops.attention.scores import poison_nonfinite
 from retention.ops.attention.validation import ATTENTION_IMPLS, check_window
-from retention.ops.validation import check_qkv, check_scale
-from retention.validation import check_choice
+from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
+from retention.validation import check_at_runtime, check_choice
+
+
+def _cudnn(q, k, v, *, window, segment_ids, scale, implementation="cudnn"):
+    """jax.nn.dot_product_attention, causal (and window), with segment_ids as a dense [B, 1, T, T] mask."""
+    q, k, v = poison_nonfinite(q, k, v)
+    local = None if window is None else (window - 1, 0)
+    mask = None if segment_ids is None else (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask, scale=scale, is_causal=True, local_window_size=local, implementation=implementation
+    )
 
 
 def softmax_attention(
@@ -24,22 +40,27 @@ def softmax_attention(
     v: Float[Array, "B T H d"],
     *,
     window: int | None = None,
+    segment_ids: Int[Array, "B T"] | None = None,
     scale: float | None = None,
     impl: str = "auto",
+    debug_checks: bool = False,
 ) -> Float[Array, "B T Hq d"]:
-    """Causal softmax attention; with `window`, query t sees keys t-window+1 .. t. Returns [B, T, Hq, d] in v's
-    dtype. impl: one of ATTENTION_IMPLS (see the module docstring)."""
+    """Causal softmax attention; with `window`, query t sees keys t-window+1 .. t; with segment_ids [B, T] (equal
+    ids form one document, contiguous in time) only keys of its own document. Returns [B, T, Hq, d] in v's dtype.
+    impl: one of ATTENTION_IMPLS (see the module docstring); debug_checks: raise ValueError for non-finite q, k,
+    v and non-contiguous documents."""
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)
+    check_segment_ids(segment_ids, *q.shape[:2])
     check_choice("impl", impl, ATTENTION_IMPLS)
+    if debug_checks:
+        check_at_runtime(runtime_input_checks({"q": q, "k": k, "v": v}, segment_ids))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     on_gpu = jax.default_backend() == "gpu"
-    if impl == "cudnn" or (impl == "auto" and on_gpu and q.dtype in (jnp.bfloat16, jnp.float16)):
-        local = None if window is None else (window - 1, 0)
-        return jax.nn.dot_product_attention(
-            q, k, v, scale=scale, is_causal=True, local_window_size=local, implementation="cudnn"
-        )
+    fast_dtype = q.dtype in (jnp.bfloat16, jnp.float16)
+    if impl == "cudnn" or (impl == "auto" and on_gpu and fast_dtype and segment_ids is None):
+        return _cudnn(q, k, v, window=window, segment_ids=segment_ids, scale=scale)
     if impl == "reference":
-        return dense_attention(q, k, v, window=window, scale=scale)
-    return blockwise_attention(q, k, v, window=window, scale=scale)
+        return dense_attention(q, k, v, window=window, segment_ids=segment_ids, scale=scale)
+    return blockwise_attention(q, k, v, window=window, segment_ids=segment_ids, scale=scale)

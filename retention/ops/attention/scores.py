@@ -1,5 +1,6 @@
-"""What every softmax path shares: which keys a query sees (causal, optionally a sliding window), the accumulation
-dtype, and the online-softmax update over one block of keys (the blockwise kernel and context parallelism)."""
+"""What every softmax path shares: which keys a query sees (causal, optionally a sliding window, one document), the
+treatment of non-finite inputs, the accumulation dtype, and the online-softmax update over one block of keys (the
+blockwise kernel, the decode step and context parallelism)."""
 
 import jax.numpy as jnp
 
@@ -11,11 +12,23 @@ def acc_dtype(x):
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def visible(q_pos, k_pos, window):
+def visible(q_pos, k_pos, window, q_seg=None, k_seg=None):
     """Causal (and window) mask for query positions [..., r, 1] against key positions [..., 1, c]: query t sees
-    keys t-window+1 .. t (all keys <= t for window None)."""
+    keys t-window+1 .. t (all keys <= t for window None); with segment ids (same shapes as the positions, or
+    with batch axes in front) only keys of its own document."""
     ok = k_pos <= q_pos
-    return ok if window is None else ok & (q_pos - k_pos < window)
+    ok = ok if window is None else ok & (q_pos - k_pos < window)
+    return ok if q_seg is None else ok & (q_seg == k_seg)
+
+
+def poison_nonfinite(q, k, v):
+    """(q, k, v) with non-finite tokens made explicit: a query row [.., d] with a NaN or inf becomes all NaN, and
+    a token whose key or value has one gets k = NaN (so every row that sees it scores NaN and outputs NaN) and
+    v = 0 (so no masked 0 * NaN reaches a row that does not see it)."""
+    nan = jnp.asarray(jnp.nan, q.dtype)
+    q = jnp.where(jnp.isfinite(q).all(-1, keepdims=True), q, nan)
+    bad = ~(jnp.isfinite(k).all(-1, keepdims=True) & jnp.isfinite(v).all(-1, keepdims=True))
+    return q, jnp.where(bad, nan, k), jnp.where(bad, jnp.zeros((), v.dtype), v)
 
 
 def online_softmax_update(carry, s, ok, v):

@@ -1,42 +1,61 @@
-"""The per-chunk arithmetic of power retention in XLA, shared by the chunked path, the decode step and context
-parallelism (the Pallas kernels have their own, in `pallas_kernels/power_retention/chunk_math.py`).
+"""The per-chunk arithmetic of power retention in XLA, shared by the chunked path, the decode step, context
+parallelism and the token recurrence (the Pallas kernels have their own, in
+`pallas_kernels/power_retention/chunk_math.py`).
 
-Within a chunk (tokens on the last axis of G): G is the inclusive cumsum of log_g from the chunk's start and
-G_end its last entry; a query reads the state carried into the chunk as phi(q exp(G/p)), a key enters the state
-carried out as phi(k exp((G_end - G)/p)), and that state decays by exp(G_end). Gates enter as exp(G/p) factors on
-q and k, exact because phi is p-homogeneous; every exponent is <= 0, so nothing overflows at any length.
+Within a chunk (tokens on the last axis of F and R, from `gates.chunk_gates`: F the cumulative log-gate, R
+the count of resets so far, F_end and R_end their last entries), the reset contract:
+- intra-chunk decay(i, j) = exp(F_i - F_j) if R_i == R_j, else 0 (j <= i);
+- query i reads the state carried into the chunk as phi(q exp(F_i/p)) if R_i == 0, else not at all;
+- key j enters the state carried out as phi(k exp((F_end - F_j)/p)) if R_j == R_end, else not at all;
+- the carried state decays by exp(F_end) if R_end == 0, else it is dropped.
+Gates enter as exp(F/p) factors on q and k, exact because phi is p-homogeneous; every exponent is <= 0, so nothing
+overflows at any length. Masks are `where`s, never products with 0, so a NaN stays in the rows that see it.
 """
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from retention.ops.power_retention.sympow import sympow
 
 
-def gate_factors(G: Float[Array, "... c"], deg: int):
-    """(query factors exp(G/p) [..., c], key factors exp((G_end - G)/p) [..., c], chunk decay exp(G_end) [...])."""
-    G_end = G[..., -1]
-    return jnp.exp(G / deg), jnp.exp((G_end[..., None] - G) / deg), jnp.exp(G_end)
+def masked_exp(x, mask):
+    """exp(x) where mask, else 0; the exponent is masked too, so an unselected inf or NaN reaches no gradient."""
+    return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
 
 
-def causal_decay(G: Float[Array, "... c"]) -> Float[Array, "... c c"]:
-    """exp(G_i - G_j) for j <= i, else 0, from inclusive cumulative log-gates G (every exponent <= 0)."""
-    c = G.shape[-1]
-    causal = jnp.tril(jnp.ones((c, c), dtype=bool))
-    return jnp.where(causal, jnp.exp(jnp.where(causal, G[..., :, None] - G[..., None, :], 0.0)), 0.0)
+def gate_factors(F: Float[Array, "... c"], R: Int[Array, "... c"], deg: int):
+    """(query factors [..., c], key factors [..., c], chunk decay [...]) of the module docstring: exp(F/p) where
+    R == 0, exp((F_end - F)/p) where R == R_end, exp(F_end) where R_end == 0; 0 elsewhere."""
+    F_end, R_end = F[..., -1:], R[..., -1:]
+    decay = masked_exp(F_end, R_end == 0)[..., 0]
+    return masked_exp(F / deg, R == 0), masked_exp((F_end - F) / deg, R == R_end), decay
+
+
+def causal_decay(F: Float[Array, "... c"], R: Int[Array, "... c"]) -> Float[Array, "... c c"]:
+    """exp(F_i - F_j) for j <= i in one document (R_i == R_j), else 0."""
+    c = F.shape[-1]
+    mask = jnp.tril(jnp.ones((c, c), dtype=bool)) & (R[..., :, None] == R[..., None, :])
+    return masked_exp(F[..., :, None] - F[..., None, :], mask)
+
+
+def decay_state(decay: Float[Array, "B H"], x: Float[Array, "B H ..."]) -> Float[Array, "B H ..."]:
+    """decay * x, with a decay of 0 (a reset) dropping x outright, NaN included."""
+    decay = decay.reshape(decay.shape + (1,) * (x.ndim - decay.ndim))
+    return jnp.where(decay == 0, 0.0, decay * x)
 
 
 def intra_chunk(
     q_BHgcd: Float[Array, "B H g c d"],
     k_BHcd: Float[Array, "B H c d"],
     v_BHce: Float[Array, "B H c e"],
-    G_BHc: Float[Array, "B H c"],
+    F_BHc: Float[Array, "B H c"],
+    R_BHc: Int[Array, "B H c"],
     deg: int,
 ) -> Float[Array, "B H g c e"]:
-    """The quadratic form inside one chunk, (q_i . k_j)^p exp(G_i - G_j) for j <= i, times v (q already scaled):
-    with v = [v | 1] the numerator columns, then the normaliser."""
+    """The quadratic form inside one chunk, (q_i . k_j)^p decay(i, j) for j <= i, times v (q already scaled, k and
+    v finite): with v = [v | 1] the numerator columns, then the normaliser."""
     scores = jnp.einsum("bhgid,bhjd->bhgij", q_BHgcd, k_BHcd) ** deg
-    return jnp.einsum("bhgij,bhje->bhgie", scores * causal_decay(G_BHc)[:, :, None], v_BHce)
+    return jnp.einsum("bhgij,bhje->bhgie", scores * causal_decay(F_BHc, R_BHc)[:, :, None], v_BHce)
 
 
 def state_read(q_BHmd: Float[Array, "B H m d"], S_BHDe: Float[Array, "B H D e"], deg: int) -> Float[Array, "B H m e"]:
@@ -50,8 +69,8 @@ def state_write(k_BHcd: Float[Array, "B H c d"], u_BHce: Float[Array, "B H c e"]
 
 
 def normalise(y_aug: Float[Array, "... e"]) -> Float[Array, "... d"]:
-    """Numerator columns over the last (normaliser) column; a row whose weights are all zero (padding, or every
-    weight underflowed) gives 0, and a NaN-free gradient, instead of 0/0."""
+    """Numerator columns over the last (normaliser) column. A row whose weights are all zero (padding, or every
+    weight underflowed) gives 0, and a NaN-free gradient, instead of 0/0; a NaN normaliser stays NaN."""
     num, den = y_aug[..., :-1], y_aug[..., -1:]
-    positive = den > 0
-    return jnp.where(positive, num / jnp.where(positive, den, 1.0), 0.0)
+    divide = ~(den <= 0)  # positive or NaN
+    return jnp.where(divide, num / jnp.where(divide, den, 1.0), 0.0)

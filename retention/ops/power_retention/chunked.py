@@ -1,10 +1,12 @@
 """Chunked power retention in plain JAX: the CPU path, and the fallback on every backend.
 
-T is padded to N chunks of c tokens (zero keys, log-gate 0) and cropped after. Per chunk:
-- inside it, the quadratic form: A_ij = (q_i . k_j)^p * exp(G_i - G_j) for j <= i, times [v | 1];
-- across chunks, the state S = sum phi(k_j) [v_j | 1]^T (z is S's last column): each query reads
-  phi(q_i exp(G_i / p)) S, with G relative to its chunk's start, and each chunk adds phi(k_j exp((G_end - G_j)/p))
-  [v_j | 1]^T to the decayed state. Every exponent is <= 0, so nothing overflows at any length.
+T is padded to N chunks of c tokens (zero keys, log-gate 0) and cropped after; gates and resets (log_g,
+segment_ids) become per-chunk F and R (`gates.chunk_gates`). Per chunk (`chunk_math`, the reset contract):
+- inside it, the quadratic form: A_ij = (q_i . k_j)^p * exp(F_i - F_j) for j <= i in one document, times [v | 1];
+- across chunks, the state S = sum phi(k_j) [v_j | 1]^T (z is S's last column): each query before the chunk's
+  first reset reads phi(q_i exp(F_i / p)) S, and each key after its last reset adds phi(k_j exp((F_end - F_j)/p))
+  [v_j | 1]^T to the state, decayed by exp(F_end) (dropped when the chunk resets). Every exponent is <= 0, so
+  nothing overflows at any length.
 
 The intra-chunk part runs batched over groups of chunks (about 16 MB of scores at a time); the state runs as a
 `lax.scan` over chunks whose body is rematerialised, so the backward keeps one state per chunk boundary
@@ -17,21 +19,29 @@ import math
 import jax
 import jax.numpy as jnp
 from einops import rearrange
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import gate_factors, intra_chunk, normalise, state_read, state_write
+from retention.ops.power_retention.chunk_math import (
+    decay_state,
+    gate_factors,
+    intra_chunk,
+    normalise,
+    state_read,
+    state_write,
+)
+from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.state import RetentionState, augment, split
 
 INTRA_GROUP_BYTES = 1 << 24  # chunks per batched intra-chunk step: about 16 MB of scores at a time
 
 
-def _intra_chunks(q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc, deg):
+def _intra_chunks(q_NBHgcd, k_NBHcd, v_NBHce, F_NBHc, R_NBHc, deg):
     """`intra_chunk` for all N chunks, batched in groups of ~16 MB of scores, each group rematerialised, so
     neither pass ever holds every chunk's c x c scores: [N, B, H, g, c, e]."""
     _, B, H, g, c, _ = q_NBHgcd.shape
     group = max(1, INTRA_GROUP_BYTES // (4 * B * H * g * c * c))
     one_group = jax.checkpoint(lambda xs: intra_chunk(*xs, deg))
-    return jax.lax.map(one_group, (q_NBHgcd, k_NBHcd, v_NBHce, Gc_NBHc), batch_size=group)
+    return jax.lax.map(one_group, (q_NBHgcd, k_NBHcd, v_NBHce, F_NBHc, R_NBHc), batch_size=group)
 
 
 STATE_BUDGET_BYTES = 1 << 30  # chunk-boundary states the backward may keep (1 GiB) before it regroups
@@ -46,7 +56,8 @@ def _state_group(n_chunks: int, state_bytes: int) -> int:
 
 
 def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
-    """Scan over chunks: each reads phi(q~) S, then S <- decay S + phi(k~)^T [v|1]. Returns (S_aug, reads).
+    """Scan over chunks: each reads phi(q~) S, then S <- decay S + phi(k~)^T [v|1] (`decay_state`: a decay of 0
+    drops S). Returns (S_aug, reads).
 
     S0_aug None is an empty state: the first chunk reads nothing and its write is the state, so a sequence of one
     chunk needs no scan (and no state at all when the caller drops it). The body is rematerialised, so the
@@ -59,7 +70,7 @@ def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
     def body(S_aug, xs):
         q_BHmd, k_BHcd, v_BHce, decay_BH = xs
         read = state_read(q_BHmd, S_aug, deg)
-        return decay_BH[..., None, None] * S_aug + state_write(k_BHcd, v_BHce, deg), read
+        return decay_state(decay_BH, S_aug) + state_write(k_BHcd, v_BHce, deg), read
 
     xs = (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH)
     if S0_aug is None:
@@ -91,37 +102,36 @@ def power_retention_chunked(
     log_g: Float[Array, "B T H"] | None,
     initial_state: RetentionState | None,
     *,
+    segment_ids: Int[Array, "B T"] | None = None,
     deg: int,
     scale: float,
     chunk_size: int,
 ) -> tuple[Float[Array, "B T Hq d"], RetentionState]:
-    """Power retention over T tokens from `initial_state` (None: empty) in chunks of `chunk_size`; returns
-    (y, final state).
+    """Power retention over T tokens from `initial_state` (None: empty) in chunks of `chunk_size`, resetting at
+    -inf gates and document starts (`gates.chunk_gates`); returns (y, final state).
 
     Inputs are assumed validated (see `power_retention`); computes in float32 and returns y in v's dtype.
     """
-    B, T = q.shape[:2]
+    T = q.shape[1]
     H = k.shape[2]
     c = chunk_size
-    N = -(-T // c)
+    gates = chunk_gates(k, v, log_g, segment_ids, chunk_size=c)
+    N = gates.F.shape[1]
     pad = [(0, 0), (0, N * c - T), (0, 0), (0, 0)]
     f32 = jnp.float32
     q_f = jnp.pad(q.astype(f32) * scale, pad)
-    k_f = jnp.pad(k.astype(f32), pad)
-    v_f = jnp.pad(v.astype(f32), pad)
+    k_f = jnp.pad(gates.k.astype(f32), pad)
+    v_f = jnp.pad(gates.v.astype(f32), pad)
     v_aug = jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), f32)], axis=-1)
-    log_g_f = jnp.zeros((B, T, H), f32) if log_g is None else log_g.astype(f32)
-    log_g_f = jnp.pad(log_g_f, pad[:3])
 
     q_BNHgcd = rearrange(q_f, "B (N c) (H g) d -> B N H g c d", c=c, H=H)
     k_BNHcd = rearrange(k_f, "B (N c) H d -> B N H c d", c=c)
     v_BNHce = rearrange(v_aug, "B (N c) H e -> B N H c e", c=c)
-    Gc_BNHc = jnp.cumsum(rearrange(log_g_f, "B (N c) H -> B N H c", c=c), axis=-1)
 
     chunk_major = lambda x: jnp.moveaxis(x, 1, 0)
-    intra = _intra_chunks(*map(chunk_major, (q_BNHgcd, k_BNHcd, v_BNHce, Gc_BNHc)), deg)
+    intra = _intra_chunks(*map(chunk_major, (q_BNHgcd, k_BNHcd, v_BNHce, gates.F, gates.R)), deg)
 
-    fq_BNHc, fk_BNHc, decay_BNH = gate_factors(Gc_BNHc, deg)
+    fq_BNHc, fk_BNHc, decay_BNH = gate_factors(gates.F, gates.R, deg)
     S_aug, reads = _inter_chunk(
         None if initial_state is None else augment(initial_state),
         rearrange(q_BNHgcd * fq_BNHc[:, :, :, None, :, None], "B N H g c d -> N B H (g c) d"),
@@ -130,6 +140,8 @@ def power_retention_chunked(
         rearrange(decay_BNH, "B N H -> N B H"),
         deg,
     )
-    total = rearrange(intra, "N B H g c e -> B N H g c e") + rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)
+    reads = rearrange(reads, "N B H (g c) e -> B N H g c e", c=c)
+    fresh = (gates.R == 0)[:, :, :, None, :, None]  # rows before their chunk's first reset read the state
+    total = rearrange(intra, "N B H g c e -> B N H g c e") + jnp.where(fresh, reads, 0.0)
     y = rearrange(normalise(total), "B N H g c d -> B (N c) (H g) d")[:, :T]
     return y.astype(v.dtype), split(S_aug)

@@ -1,14 +1,17 @@
 """Context parallelism for power retention: the sequence split over a mesh axis.
 
 Device i of n holds tokens [i*T/n, (i+1)*T/n):
-1. it forms its local state S_i = sum_j exp(G_end - G_j) phi(k_j) [v_j | 1]^T from an empty state (G the local
-   cumulative log-gates; every exponent <= 0) and its total log-decay a_i = sum_j log_g_j;
-2. the states combine as a gated exclusive prefix, the associative scan of (a, S) under
-   (a_l, S_l) . (a_r, S_r) = (a_l + a_r, exp(a_r) S_l + S_r): a shift by one device, then Hillis-Steele rounds
-   with `ppermute` (shift 1, 2, 4, ...), 1 + ceil(log2 n) rounds of one state each per device (an all_gather
-   would move n - 1 states). A device that receives nothing gets zeros, the identity of the operator;
+1. it forms its local state S_i from an empty state, chunk by chunk with the reset contract (`gates.chunk_gates`,
+   `chunk_math`: keys after the last reset, discounted to the segment's end), its total log-decay a_i (the sum
+   of its gates) and whether it resets r_i (a -inf gate or a document start among its tokens);
+2. the states combine as a gated exclusive prefix, the associative scan of (a, r, S) under
+   (a_l, r_l, S_l) . (a_r, r_r, S_r) = (a_l + a_r, r_l or r_r, S_r if r_r else exp(a_r) S_l + S_r): a shift by
+   one device, then Hillis-Steele rounds with `ppermute` (shift 1, 2, 4, ...), 1 + ceil(log2 n) rounds of one
+   state each per device (an all_gather would move n - 1 states). A device that receives nothing gets zeros, the
+   identity of the operator;
 3. it runs the op on its tokens from the state entering it (the public `power_retention` with
-   `initial_state`, so the Pallas kernels run where they would on one device).
+   `initial_state` and its part of segment_ids, so the Pallas kernels run where they would on one device); a
+   device whose first token starts a document starts from an empty state.
 Forward and gradients (JAX differentiates through `shard_map` and `ppermute`) equal the single-device op's to
 rounding. Bytes per device per layer: (1 + ceil(log2 n)) * B*H*D*(d+1)*4, whatever T is.
 
@@ -21,10 +24,11 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 from jax.sharding import PartitionSpec as P
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import gate_factors, state_write
-from retention.ops.power_retention.op import power_retention
+from retention.ops.power_retention.chunk_math import decay_state, gate_factors, state_write
+from retention.ops.power_retention.gates import chunk_gates, document_starts
+from retention.ops.power_retention.op import power_retention, run_debug_checks
 from retention.ops.power_retention.state import RetentionState, augment, check_state, split
 from retention.ops.power_retention.validation import (
     STATE_IMPLS,
@@ -34,45 +38,48 @@ from retention.ops.power_retention.validation import (
     default_chunk_size,
 )
 from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
-from retention.ops.validation import check_qkv, check_scale
+from retention.ops.validation import check_qkv, check_scale, check_segment_ids
 from retention.validation import check_choice
 
 
-def _local_state(k_BTHd, v_BTHd, log_g_BTH, deg: int, c: int):
-    """This device's state from empty, [B, H, D, d+1] (z as the last column), and its total log-decay [B, H].
+def _local_state(k_BTHd, v_BTHd, log_g_BTH, segment_ids_BT, deg: int, c: int):
+    """This device's state from empty, [B, H, D, d+1] (z as the last column), its total log-decay [B, H] and
+    whether it resets [B, H] (at a -inf gate or a document start after its first token).
 
-    Keys are discounted to the segment's end, exp((G_end - G_j) / deg) <= 1, and written chunk by chunk in a
-    rematerialised scan (never a [T, D] feature map)."""
-    T = k_BTHd.shape[1]
+    Per chunk the keys after its last reset are discounted to its end, exp((F_end - F_j) / deg) <= 1, and the
+    carried state decays by the chunk's gates (dropped at a reset), in a rematerialised scan (never a [T, D]
+    feature map)."""
     f32 = jnp.float32
-    G_BHT = jnp.cumsum(rearrange(log_g_BTH.astype(f32), "B T H -> B H T"), axis=-1)
-    _, fk_BHT, _ = gate_factors(G_BHT, deg)
-    k_f = k_BTHd.astype(f32) * rearrange(fk_BHT, "B H T -> B T H")[..., None]
-    v_f = v_BTHd.astype(f32)
+    gates = chunk_gates(k_BTHd, v_BTHd, log_g_BTH, segment_ids_BT, chunk_size=c)
+    _, fk_BNHc, decay_BNH = gate_factors(gates.F, gates.R, deg)
+    N = gates.F.shape[1]
+    pad = [(0, 0), (0, N * c - k_BTHd.shape[1]), (0, 0), (0, 0)]  # zero keys write nothing
+    v_f = jnp.pad(gates.v.astype(f32), pad)
     v_aug = jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), f32)], axis=-1)
-    N = -(-T // c)
-    pad = [(0, 0), (0, N * c - T), (0, 0), (0, 0)]  # zero keys write nothing
-    k_NBHcd = rearrange(jnp.pad(k_f, pad), "B (N c) H d -> N B H c d", c=c)
-    v_NBHce = rearrange(jnp.pad(v_aug, pad), "B (N c) H e -> N B H c e", c=c)
+    k_NBHcd = rearrange(jnp.pad(gates.k.astype(f32), pad), "B (N c) H d -> N B H c d", c=c)
+    k_NBHcd = k_NBHcd * rearrange(fk_BNHc, "B N H c -> N B H c")[..., None]
+    v_NBHce = rearrange(v_aug, "B (N c) H e -> N B H c e", c=c)
+    decay_NBH = rearrange(decay_BNH, "B N H -> N B H")
     S = state_write(k_NBHcd[0], v_NBHce[0], deg)  # the first chunk starts the carry (it varies over the mesh axes)
     if N > 1:  # (a scan of length 0 crashes XLA's CPU compiler under autodiff)
-        body = jax.checkpoint(lambda S, kv: (S + state_write(*kv, deg), None))
-        S, _ = jax.lax.scan(body, S, (k_NBHcd[1:], v_NBHce[1:]))
-    return S, G_BHT[..., -1]
+        body = jax.checkpoint(lambda S, xs: (decay_state(xs[2], S) + state_write(xs[0], xs[1], deg), None))
+        S, _ = jax.lax.scan(body, S, (k_NBHcd[1:], v_NBHce[1:], decay_NBH[1:]))
+    resets = gates.R[..., -1].sum(axis=1) > 0  # [B, H]
+    return S, gates.F[..., -1].sum(axis=1), resets
 
 
-def _exclusive_prefix(a_BH, S_aug, axis: str, n: int):
-    """(sum of a over the devices before this one, the state entering this one): the exclusive scan of (a, S)
-    over `axis` by ppermute, 1 + ceil(log2 n) rounds."""
+def _exclusive_prefix(a_BH, r_BH, S_aug, axis: str, n: int):
+    """(sum of a over the devices before this one, whether one of them resets, the state entering this one): the
+    exclusive scan of (a, r, S) over `axis` by ppermute, 1 + ceil(log2 n) rounds."""
     shift_to = lambda x, s: jax.lax.ppermute(x, axis, [(i, i + s) for i in range(n - s)])
-    a, S = shift_to(a_BH, 1), shift_to(S_aug, 1)  # device i holds device i-1's segment; device 0 zeros
+    a, r, S = (shift_to(x, 1) for x in (a_BH, r_BH, S_aug))  # device i holds device i-1's segment; device 0 zeros
     s = 1
     while s < n:  # Hillis-Steele: after the round with shift s, device i covers segments i-2s .. i-1
-        a_prev, S_prev = shift_to(a, s), shift_to(S, s)
-        S = jnp.exp(a)[..., None, None] * S_prev + S
-        a = a_prev + a
+        a_prev, r_prev, S_prev = (shift_to(x, s) for x in (a, r, S))
+        S = jnp.where(r[..., None, None], S, decay_state(jnp.exp(a), S_prev) + S)
+        a, r = a_prev + a, r_prev | r
         s *= 2
-    return a, S
+    return a, r, S
 
 
 def power_retention_context_parallel(
@@ -81,6 +88,7 @@ def power_retention_context_parallel(
     v: Float[Array, "B T H d"],
     log_g: Float[Array, "B T H"] | None = None,
     *,
+    segment_ids: Int[Array, "B T"] | None = None,
     deg: int = 2,
     scale: float | None = None,
     chunk_size: int | None = None,
@@ -90,10 +98,12 @@ def power_retention_context_parallel(
     mesh=None,
     axis: str = SEQUENCE_AXIS,
     batch_axes: tuple[str, ...] | None = None,
+    debug_checks: bool = False,
 ):
     """`power_retention` with the sequence split over the mesh axis `axis` (see the module docstring).
 
-    Same arguments, shapes and result as `power_retention` (y, or (y, state) with `return_state`); `impl` is
+    Same arguments (segment_ids and debug_checks included), shapes and result as `power_retention` (y, or
+    (y, state) with `return_state`); `impl` is
     the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas"). mesh: a Mesh, or
     None for the ambient one (`jax.set_mesh`); batch_axes: the mesh axes that split the batch (default: every
     other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size defaults to the
@@ -102,6 +112,7 @@ def power_retention_context_parallel(
     check_qkv(q, k, v)
     check_deg(deg)
     check_log_g(log_g, k)
+    check_segment_ids(segment_ids, *q.shape[:2])
     check_scale(scale)
     check_choice("impl", impl, STATE_IMPLS)
     check_chunk_size(chunk_size)
@@ -110,24 +121,29 @@ def power_retention_context_parallel(
     if initial_state is not None:
         check_state(initial_state, B, H, d, deg, "initial_state")
     mesh, n, rows = resolve_sequence_mesh(mesh, axis, batch_axes, B, T)
+    if debug_checks:
+        run_debug_checks(q, k, v, log_g, segment_ids, initial_state, "initial_state")
     c = chunk_size or default_chunk_size(T // n)
-    gated, has_init = log_g is not None, initial_state is not None
+    gated, has_init, packed = log_g is not None, initial_state is not None, segment_ids is not None
     log_g = jnp.zeros(k.shape[:3], jnp.float32) if log_g is None else log_g
 
-    def local(q, k, v, log_g, S0_aug):
-        S_loc, a_loc = _local_state(k, v, log_g, deg, c)
-        a_before, S_in = _exclusive_prefix(a_loc, S_loc, axis, n)
+    def local(q, k, v, log_g, S0_aug, *packing):  # packing: (segment ids, document starts) when packed
+        segment_ids, starts = packing if packed else (None, None)
+        S_loc, a_loc, r_loc = _local_state(k, v, log_g, segment_ids, deg, c)
+        first = jnp.zeros((q.shape[0], 1), bool) if starts is None else starts[:, :1]  # [B, 1]: token 0 starts one
+        a_before, r_before, S_in = _exclusive_prefix(a_loc, r_loc | first, S_loc, axis, n)
         if has_init:  # the state from before the sequence, decayed over the devices before this one
-            S_in = S_in + jnp.exp(a_before)[..., None, None] * S0_aug
+            S_in = S_in + jnp.where(r_before[..., None, None], 0.0, decay_state(jnp.exp(a_before), S0_aug))
         y, state = power_retention(
             q,
             k,
             v,
             log_g if gated else None,
+            segment_ids=segment_ids,
             deg=deg,
             scale=scale,
             chunk_size=c,
-            initial_state=split(S_in),
+            initial_state=split(jnp.where(first[..., None, None], 0.0, S_in)),
             return_state=True,
             impl=impl,
         )
@@ -136,9 +152,11 @@ def power_retention_context_parallel(
         last = jax.lax.axis_index(axis) == n - 1  # the last device's final state is the sequence's
         return y, jax.lax.psum(jnp.where(last, augment(state), 0.0), axis)
 
-    seq, rep = P(rows, axis, None, None), P(rows, None, None, None)
+    seq, rep, tokens = P(rows, axis, None, None), P(rows, None, None, None), P(rows, axis)
     S0 = augment(initial_state) if has_init else jnp.zeros((B, 1, 1, 1), jnp.float32)
     out_specs = (seq, rep) if return_state else seq
-    run = jax.shard_map(local, mesh=mesh, in_specs=(seq, seq, seq, P(rows, axis, None), rep), out_specs=out_specs)
-    out = run(q, k, v, log_g, S0)
+    in_specs = (seq, seq, seq, P(rows, axis, None), rep) + ((tokens, tokens) if packed else ())
+    packing = (segment_ids, document_starts(segment_ids)) if packed else ()  # starts: over the whole sequence
+    run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    out = run(q, k, v, log_g, S0, *packing)
     return (out[0], split(out[1])) if return_state else out

@@ -6,18 +6,21 @@ impl = "auto" | "xla" | "pallas" | "reference":
 - "reference": the quadratic oracle (`reference.py`), O(T^2) memory, no state in or out (so no step);
 - "pallas": the Pallas kernels (`pallas.py`), interpreted on CPU; raises NotImplementedError or ValueError for
   what they do not support (degree 2 only; on GPU powers of two);
-- "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype, else the XLA path.
+- "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype (and, until they take the reset
+  contract, no segment_ids), else the XLA path.
+Resets: `segment_ids` and -inf gates clear the state exactly (`gates.py`); non-finite inputs give NaN in the rows
+that see them, never zeros; `debug_checks=True` raises on them instead (a host callback, also under jit).
 """
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from retention.ops.power_retention.chunked import power_retention_chunked
 from retention.ops.power_retention.pallas import chunked_pallas, pallas_supports, step_pallas
 from retention.ops.power_retention.recurrent import chunk_step
 from retention.ops.power_retention.reference import power_retention_reference
-from retention.ops.power_retention.state import RetentionState, check_state, init_state
+from retention.ops.power_retention.state import RetentionState, check_state, clear_rows, init_state
 from retention.ops.power_retention.validation import (
     DEFAULT_CHUNK_SIZE,
     RETENTION_IMPLS,
@@ -26,30 +29,42 @@ from retention.ops.power_retention.validation import (
     check_deg,
     check_log_g,
     default_chunk_size,
+    runtime_gate_checks,
 )
-from retention.ops.validation import check_qkv, check_scale
-from retention.validation import check_choice
+from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
+from retention.validation import check_at_runtime, check_choice
+
+STEP_PIECE = 16384  # tokens per chunked call inside a long step: a piece's temporaries, whatever n is
 
 
-def _check_args(q, k, v, log_g, deg, scale, chunk_size, impl, impls) -> float:
+def _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, impls) -> float:
     """The checks both ops share; returns the resolved scale (1/sqrt(d) for None)."""
     check_qkv(q, k, v)
     check_deg(deg)
     check_log_g(log_g, k)
+    check_segment_ids(segment_ids, *q.shape[:2])
     check_scale(scale)
     check_chunk_size(chunk_size)
     check_choice("impl", impl, impls)
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
-def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None) -> bool:
+def run_debug_checks(q, k, v, log_g, segment_ids, state, state_name: str) -> None:
+    """debug_checks=True: non-finite q, k, v or state, positive or NaN gates, non-contiguous documents raise."""
+    arrays = {"q": q, "k": k, "v": v}
+    if state is not None:
+        arrays.update({f"{state_name}.S": state.S, f"{state_name}.z": state.z})
+    check_at_runtime(runtime_input_checks(arrays, segment_ids) + runtime_gate_checks(log_g))
+
+
+def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None, segment_ids) -> bool:
     """Whether `impl` runs the Pallas kernels: always for "pallas"; for "auto" on GPU or TPU when they support
-    the degree, shapes and dtype."""
+    the degree, shapes and dtype, and no segment_ids are given (the kernels do not take them yet)."""
     if impl == "pallas":
         return True
     if impl != "auto" or jax.default_backend() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
         return False
-    return pallas_supports(deg, q.shape[-1], q.shape[2] // k.shape[2], chunk_size)
+    return segment_ids is None and pallas_supports(deg, q.shape[-1], q.shape[2] // k.shape[2], chunk_size)
 
 
 def power_retention(
@@ -58,36 +73,45 @@ def power_retention(
     v: Float[Array, "B T H d"],
     log_g: Float[Array, "B T H"] | None = None,
     *,
+    segment_ids: Int[Array, "B T"] | None = None,
     deg: int = 2,
     scale: float | None = None,
     chunk_size: int | None = None,
     initial_state: RetentionState | None = None,
     return_state: bool = False,
     impl: str = "auto",
+    debug_checks: bool = False,
 ):
-    """Causal power retention: y_i = sum_{j<=i} w_ij v_j / sum_j w_ij, w_ij = (scale q_i.k_j)^deg exp(G_i - G_j).
+    """Causal power retention: y_i = sum_{j<=i} w_ij v_j / sum_j w_ij, w_ij = (scale q_i.k_j)^deg exp(G_i - G_j)
+    for keys j of i's document, 0 for earlier documents.
 
-    q is [B, T, Hq, d], k and v [B, T, H, d] (query head i reads kv-head i // (Hq // H)), log_g [B, T, H] (<= 0)
-    or None. Returns y [B, T, Hq, d] in v's dtype, or (y, state) with `return_state`, state = RetentionState with
+    q is [B, T, Hq, d], k and v [B, T, H, d] (query head i reads kv-head i // (Hq // H)), log_g [B, T, H] (<= 0;
+    -inf is an exact reset) or None, segment_ids [B, T] int (equal ids form one document, contiguous in time; the
+    state resets where the id changes, never at token 0: an initial state continues into token 0's document) or
+    None. Returns y [B, T, Hq, d] in v's dtype, or (y, state) with `return_state`, state = RetentionState with
     S [B, H, D, d] and z [B, H, D], D = C(d + deg - 1, deg), float32. chunk_size: one of CHUNK_SIZES, or None for
-    `default_chunk_size(T)`.
+    `default_chunk_size(T)`. A NaN or inf in q, k or v, or a NaN gate, gives NaN in that row and the later rows of
+    its document; debug_checks=True raises ValueError for those, positive gates and non-contiguous documents.
     """
-    scale = _check_args(q, k, v, log_g, deg, scale, chunk_size, impl, RETENTION_IMPLS)
+    scale = _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, RETENTION_IMPLS)
     B, T, _, d = q.shape
     H = k.shape[2]
     if initial_state is not None:
         check_state(initial_state, B, H, d, deg, "initial_state")
+    if debug_checks:
+        run_debug_checks(q, k, v, log_g, segment_ids, initial_state, "initial_state")
     if impl == "reference":
         if initial_state is not None or return_state:
             raise ValueError("impl='reference' takes no initial_state and returns no state; use impl='xla'")
-        return power_retention_reference(q, k, v, log_g, deg=deg, scale=scale)
+        return power_retention_reference(q, k, v, log_g, segment_ids=segment_ids, deg=deg, scale=scale)
 
     chunk_size = chunk_size or default_chunk_size(T)
-    if _use_pallas(impl, q, k, deg, chunk_size):
+    options = dict(segment_ids=segment_ids, deg=deg, scale=scale, chunk_size=chunk_size)
+    if _use_pallas(impl, q, k, deg, chunk_size, segment_ids):
         state = init_state(B, H, d, deg) if initial_state is None else initial_state
-        y, state = chunked_pallas(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size)
+        y, state = chunked_pallas(q, k, v, log_g, state, **options)
     else:  # None: an empty state, which the chunked path need not read
-        y, state = power_retention_chunked(q, k, v, log_g, initial_state, deg=deg, scale=scale, chunk_size=chunk_size)
+        y, state = power_retention_chunked(q, k, v, log_g, initial_state, **options)
     return (y, state) if return_state else y
 
 
@@ -98,35 +122,65 @@ def power_retention_step(
     v: Float[Array, "B n H d"],
     log_g: Float[Array, "B n H"] | None = None,
     *,
+    segment_ids: Int[Array, "B n"] | None = None,
     deg: int = 2,
     scale: float | None = None,
     chunk_size: int | None = None,
     impl: str = "auto",
+    debug_checks: bool = False,
 ) -> tuple[Float[Array, "B n Hq d"], RetentionState]:
     """n >= 1 new tokens continuing `state`: row i of y equals row t0 + i of the full forward. Returns (y in v's
-    dtype, the updated state).
+    dtype, the updated state). segment_ids [B, n] resets the state where the id changes inside the step; token 0
+    continues the state's document: to start a new one there, pass log_g = -inf at token 0 or an empty state
+    (the PowerRetention mixer records each row's last segment id and clears the state of the rows that start one).
+    debug_checks as in `power_retention` (state, q, k, v finite).
 
     Up to `chunk_size` tokens (None: DEFAULT_CHUNK_SIZE) form one chunk against the state, so each row gets its
     own gate discount (the state and earlier new keys are decayed by the gates up to that row, not by all n);
     inside a compiled loop the state is updated in place. More tokens (a prompt) run the chunked op from the
-    state, in chunks of `chunk_size` (None: `default_chunk_size(n)`). impl: "auto" (the Pallas kernels on GPU and
-    TPU where they support the shapes, else XLA), "xla" or "pallas" (interpreted on CPU): one of STATE_IMPLS.
+    state, in chunks of `chunk_size` (None: `default_chunk_size(n)`), STEP_PIECE tokens at a time so that its
+    temporaries stay those of one piece (memory linear in n: the output, plus a constant). impl: "auto" (the
+    Pallas kernels on GPU and TPU where they support the shapes, else XLA), "xla" or "pallas" (interpreted on
+    CPU): one of STATE_IMPLS.
     """
-    scale = _check_args(q, k, v, log_g, deg, scale, chunk_size, impl, STATE_IMPLS)
+    scale = _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, n, _, d = q.shape
     check_state(state, B, k.shape[2], d, deg, "state")
+    if debug_checks:
+        run_debug_checks(q, k, v, log_g, segment_ids, state, "state")
+    options = dict(segment_ids=segment_ids, deg=deg, scale=scale)
     if n > (chunk_size or DEFAULT_CHUNK_SIZE):
-        return power_retention(
-            q,
-            k,
-            v,
-            log_g,
-            deg=deg,
-            scale=scale,
-            chunk_size=chunk_size,
-            initial_state=state,
-            return_state=True,
-            impl=impl,
-        )
-    run = step_pallas if _use_pallas(impl, q, k, deg, None) else chunk_step
-    return run(state, q, k, v, log_g, deg=deg, scale=scale)
+        return _chunked_in_pieces(state, q, k, v, log_g, **options, chunk_size=chunk_size, impl=impl)
+    run = step_pallas if _use_pallas(impl, q, k, deg, None, segment_ids) else chunk_step
+    return run(state, q, k, v, log_g, **options)
+
+
+def _chunked_in_pieces(state, q, k, v, log_g, *, segment_ids, **options):
+    """The chunked op from `state` over n tokens, STEP_PIECE at a time in a loop (the last, shorter piece after
+    it), each from the state the one before left (cleared for the rows whose piece starts a document): (y, state).
+    Pieces are whole chunks, so the arithmetic is the one-call op's."""
+    n = q.shape[1]
+
+    def run(state, start, size):
+        piece = lambda x: None if x is None else jax.lax.dynamic_slice_in_dim(x, start, size, axis=1)
+        if segment_ids is not None:  # a piece's first token may start a document (a call's token 0 never resets)
+            previous = jax.lax.dynamic_index_in_dim(segment_ids, jnp.maximum(start - 1, 0), axis=1, keepdims=False)
+            state = clear_rows(state, (start > 0) & (piece(segment_ids)[:, 0] != previous))
+        args = map(piece, (q, k, v, log_g))
+        return power_retention(*args, segment_ids=piece(segment_ids), initial_state=state, return_state=True, **options)
+
+    full = n // STEP_PIECE
+    if full == 0 or n == STEP_PIECE:
+        return run(state, 0, n)
+
+    def body(i, carry):
+        y, state = carry
+        y_i, state = run(state, i * STEP_PIECE, STEP_PIECE)
+        return jax.lax.dynamic_update_slice_in_dim(y, y_i, i * STEP_PIECE, axis=1), state
+
+    y = jnp.zeros(q.shape, v.dtype)
+    y, state = jax.lax.fori_loop(0, full, body, (y, state))
+    if n > full * STEP_PIECE:
+        y_rest, state = run(state, full * STEP_PIECE, n - full * STEP_PIECE)
+        y = jax.lax.dynamic_update_slice_in_dim(y, y_rest, full * STEP_PIECE, axis=1)
+    return y, state

@@ -12,14 +12,26 @@ import jax
 import pallas_kernels.power_retention as kernels
 from pallas_kernels.power_retention import BlockSizes
 from retention.ops.power_retention.expanded_state import from_expanded, to_expanded
+from retention.ops.power_retention.gates import LOG_G_ZERO
 from retention.ops.power_retention.recurrent import chunk_step, xla_state_pass
 from retention.ops.power_retention.state import RetentionState
+from retention.validation import concrete
 
 
 def check_pallas(deg: int, d: int, g: int, chunk: int | None = None, backend: str | None = None) -> None:
     """Raise NotImplementedError or ValueError for what the kernels of `backend` (None: the default device's) do
     not support: degree `deg`, head dim d, g query heads per kv-head, chunk size `chunk` (None: not chunked)."""
     kernels.check_supported(deg, d, g, kernels.resolve_backend(backend), chunk)
+
+
+def check_resets(log_g, segment_ids) -> None:
+    """Until the kernels take the reset contract's F and R (`gates.chunk_gates`): NotImplementedError for
+    segment_ids, and for -inf gates where log_g's values are known (traced ones cannot be seen here)."""
+    if segment_ids is not None:
+        raise NotImplementedError("impl='pallas' does not take segment_ids yet; use impl='xla' (or 'auto')")
+    values = None if log_g is None else concrete(log_g)
+    if values is not None and (values <= LOG_G_ZERO).any():
+        raise NotImplementedError(f"impl='pallas' does not take log_g <= {LOG_G_ZERO} (a reset) yet; use impl='xla'")
 
 
 def pallas_supports(deg: int, d: int, g: int, chunk: int | None = None, backend: str | None = None) -> bool:
@@ -38,6 +50,7 @@ def chunked_pallas(
     log_g,
     state: RetentionState,
     *,
+    segment_ids=None,
     deg: int,
     scale: float,
     chunk_size: int,
@@ -50,6 +63,7 @@ def chunked_pallas(
     and `block_sizes` (None: the backend's defaults) as in the kernels."""
     Hq, d = q.shape[2:]
     check_pallas(deg, d, Hq // k.shape[2], chunk_size, backend)
+    check_resets(log_g, segment_ids)
     y, S_exp, Z = kernels.chunked_retention(
         q,
         k,
@@ -92,6 +106,7 @@ def step_pallas(
     v,
     log_g,
     *,
+    segment_ids=None,
     deg: int,
     scale: float,
     backend: str | None = None,
@@ -102,6 +117,7 @@ def step_pallas(
     `power_retention_step`'s. Inputs validated by the op; `backend`, `interpret`, `block_sizes` as in
     `chunked_pallas`."""
     check_pallas(deg, q.shape[-1], q.shape[2] // k.shape[2], None, backend)
+    check_resets(log_g, segment_ids)
     options = (kernels.matmul_precision(q.dtype), backend, interpret, block_sizes)
     state_pass = lambda *args: _kernel_state_pass(*args, options)
     return chunk_step(state, q, k, v, log_g, deg=deg, scale=scale, state_pass=state_pass)

@@ -11,9 +11,17 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from einops import rearrange
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import gate_factors, intra_chunk, normalise, state_read, state_write
+from retention.ops.power_retention.chunk_math import (
+    decay_state,
+    gate_factors,
+    intra_chunk,
+    normalise,
+    state_read,
+    state_write,
+)
+from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.state import RetentionState
 
 StatePass = Callable[..., tuple[Array, Array]]  # (q~ [B,H,m,d], k~ [B,H,n,d], u [B,H,n,e], gamma [B,H], S) -> (read, S)
@@ -21,12 +29,12 @@ StatePass = Callable[..., tuple[Array, Array]]  # (q~ [B,H,m,d], k~ [B,H,n,d], u
 
 def xla_state_pass(q_t, k_t, u, gamma, S, *, deg: int):
     """(phi(q~) S [B, H, m, e], gamma S + phi(k~)^T u [B, H, D, e]) for q~ [B, H, m, d], k~ [B, H, n, d],
-    u [B, H, n, e], gamma [B, H] and S [B, H, D, e]: the read, then the update.
+    u [B, H, n, e], gamma [B, H] and S [B, H, D, e]: the read, then the update (gamma 0, a reset, drops S).
 
     The barrier orders the update after the read, so it happens in place (without it XLA copies S every step,
     twice the bytes per token)."""
     read, S = jax.lax.optimization_barrier((state_read(q_t, S, deg), S))
-    return read, gamma[..., None, None] * S + state_write(k_t, u, deg)
+    return read, decay_state(gamma, S) + state_write(k_t, u, deg)
 
 
 def chunk_step(
@@ -36,24 +44,26 @@ def chunk_step(
     v: Float[Array, "B n H d"],
     log_g: Float[Array, "B n H"] | None,
     *,
+    segment_ids: Int[Array, "B n"] | None = None,
     deg: int,
     scale: float,
     state_pass: StatePass | None = None,
 ) -> tuple[Float[Array, "B n Hq d"], RetentionState]:
     """n >= 1 new tokens as one chunk against `state`; returns (y [B, n, Hq, d] in v's dtype, the updated state).
 
-    Row i reads phi(q_i exp(G_i / p)) . (S, z), G_i the gates of tokens 1..i of the chunk, plus the chunk's own
-    keys directly: (q_i . k_j)^p exp(G_i - G_j) for j <= i. S and z are kept apart (no [S | z] copy per call, which
-    costs more than the step itself at decode). `state_pass` computes the read and update of S (default: XLA,
-    `xla_state_pass`); z's always runs in XLA."""
+    Row i reads phi(q_i exp(F_i / p)) . (S, z) while no reset precedes it in the chunk, F_i the gates of tokens
+    1..i, plus the chunk's own keys of its document directly: (q_i . k_j)^p exp(F_i - F_j) (`chunk_math`; resets
+    at -inf gates and at changes of segment_ids after token 0). S and z are kept apart (no [S | z] copy per call,
+    which costs more than the step itself at decode). `state_pass` computes the read and update of S (default:
+    XLA, `xla_state_pass`); z's always runs in XLA."""
     H, n = k.shape[2], k.shape[1]
     f32 = jnp.float32
+    gates = chunk_gates(k, v, log_g, segment_ids, chunk_size=n)
     q_BHgnd = rearrange(q.astype(f32) * scale, "B n (H g) d -> B H g n d", H=H)
-    k_BHnd = rearrange(k.astype(f32), "B n H d -> B H n d")
-    v_BHnd = rearrange(v.astype(f32), "B n H d -> B H n d")
-    log_g = jnp.zeros(k.shape[:3], f32) if log_g is None else log_g.astype(f32)
-    G_BHn = jnp.cumsum(rearrange(log_g, "B n H -> B H n"), axis=-1)
-    fq_BHn, fk_BHn, gamma_BH = gate_factors(G_BHn, deg)
+    k_BHnd = rearrange(gates.k.astype(f32), "B n H d -> B H n d")
+    v_BHnd = rearrange(gates.v.astype(f32), "B n H d -> B H n d")
+    F_BHn, R_BHn = gates.F[:, 0], gates.R[:, 0]
+    fq_BHn, fk_BHn, gamma_BH = gate_factors(F_BHn, R_BHn, deg)
     q_t = rearrange(q_BHgnd * fq_BHn[:, :, None, :, None], "B H g n d -> B H (g n) d")
     k_t = k_BHnd * fk_BHn[..., None]
     ones = jnp.ones(v_BHnd.shape[:-1] + (1,), f32)
@@ -61,6 +71,7 @@ def chunk_step(
     read_S, S = (state_pass or partial(xla_state_pass, deg=deg))(q_t, k_t, v_BHnd, gamma_BH, state.S)
     read_z, z = xla_state_pass(q_t, k_t, ones, gamma_BH, state.z[..., None], deg=deg)
     read = rearrange(jnp.concatenate([read_S, read_z], axis=-1), "B H (g n) e -> B H g n e", n=n)
-    intra = intra_chunk(q_BHgnd, k_BHnd, jnp.concatenate([v_BHnd, ones], axis=-1), G_BHn, deg)
+    read = jnp.where((R_BHn == 0)[:, :, None, :, None], read, 0.0)  # rows after a reset do not read the state
+    intra = intra_chunk(q_BHgnd, k_BHnd, jnp.concatenate([v_BHnd, ones], axis=-1), F_BHn, R_BHn, deg)
     y = normalise(read + intra)
     return rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype), RetentionState(S=S, z=z[..., 0])

@@ -1,11 +1,13 @@
 """The oracles of power retention: the quadratic form in log space (DESIGN section 1) and the naive token-by-token
 recurrence. Both compute in float64 when the inputs are float64, else float32; for tests and small inputs only.
 
-Quadratic: s_ij = p * log(|scale q_i . k_j| + 1e-7) + G_i - G_j for j <= i, the row max subtracted, and 1e-6 added
-to the normaliser in that row-max space; O(T^2) memory, no state.
+Quadratic: s_ij = p * log(|scale q_i . k_j| + 1e-7) + G_i - G_j for j <= i in one document, the row max
+subtracted, and 1e-6 added to the normaliser in that row-max space; O(T^2) memory, no state.
 Recurrence: S_t = g_t S_{t-1} + phi(k_t) v_t^T, z_t = g_t z_{t-1} + phi(k_t), y_t = phi(q_t) S_t / phi(q_t) z_t,
 one token at a time from an initial state; it returns the final state too. Its phi is built from the definition
 (a gather of the monomials' factors), not by `sympow`, so it checks that too.
+Both take resets and non-finite inputs as every path does (`gates.chunk_gates`): a reset (-inf gate, document
+start) sets g_t = 0, so keys of an earlier document get no weight.
 """
 
 from functools import cache
@@ -16,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from einops import rearrange
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import normalise
+from retention.ops.power_retention.chunk_math import decay_state, gate_factors, normalise
+from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.state import RetentionState, augment, init_state, split
 
 
@@ -32,23 +35,26 @@ def power_retention_reference(
     v: Float[Array, "B T H d"],
     log_g: Float[Array, "B T H"] | None = None,
     *,
+    segment_ids: Int[Array, "B T"] | None = None,
     deg: int = 2,
     scale: float | None = None,
 ) -> Float[Array, "B T Hq d"]:
-    """y_i = sum_{j<=i} w_ij v_j / sum_j w_ij with w_ij = (scale q_i.k_j)^deg * exp(G_i - G_j); returns v's dtype."""
+    """y_i = sum_{j<=i} w_ij v_j / sum_j w_ij with w_ij = (scale q_i.k_j)^deg * exp(G_i - G_j) for j in i's
+    document (no reset in (j, i]), else 0; returns v's dtype."""
     dtype = _compute_dtype(q)
     T, d = q.shape[1], q.shape[3]
     H = k.shape[2]
     scale = d**-0.5 if scale is None else scale
+    gates = chunk_gates(k, v, log_g, segment_ids, chunk_size=T, dtype=dtype)  # one chunk: G and R over all of T
+    G_BHT, R_BHT = gates.F[:, 0], gates.R[:, 0]
     q_BHgTd = rearrange(q.astype(dtype), "B T (H g) d -> B H g T d", H=H)
-    k_BHTd = rearrange(k.astype(dtype), "B T H d -> B H T d")
-    v_BHTd = rearrange(v.astype(dtype), "B T H d -> B H T d")
+    k_BHTd = rearrange(gates.k.astype(dtype), "B T H d -> B H T d")
+    v_BHTd = rearrange(gates.v.astype(dtype), "B T H d -> B H T d")
     logits = deg * jnp.log(jnp.abs(scale * jnp.einsum("bhgid,bhjd->bhgij", q_BHgTd, k_BHTd)) + 1e-7)
-    if log_g is not None:
-        G_BHT = rearrange(jnp.cumsum(log_g.astype(dtype), axis=1), "B T H -> B H T")
-        logits = logits + (G_BHT[:, :, None, :, None] - G_BHT[:, :, None, None, :])
-    causal = jnp.tril(jnp.ones((T, T), dtype=bool))
-    logits = jnp.where(causal, logits, -jnp.inf)
+    logits = logits + (G_BHT[:, :, None, :, None] - G_BHT[:, :, None, None, :])
+    same_document = R_BHT[:, :, :, None] == R_BHT[:, :, None, :]
+    visible = jnp.tril(jnp.ones((T, T), dtype=bool)) & same_document[:, :, None]
+    logits = jnp.where(visible, logits, -jnp.inf)
     weights = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
     y = jnp.einsum("bhgij,bhjd->bhgid", weights, v_BHTd) / (weights.sum(axis=-1)[..., None] + 1e-6)
     return rearrange(y, "B H g T d -> B T (H g) d").astype(v.dtype)
@@ -69,14 +75,17 @@ def _phi(x: Float[Array, "... d"], p: int) -> Float[Array, "... D"]:
     return jnp.prod(x[..., factors], axis=-1) * jnp.asarray(weights, x.dtype)
 
 
-def _token(S_aug, q_BHgd, k_BHd, v_aug_BHe, log_g_BH, deg):
+def _token(S_aug, q_BHgd, k_BHd, v_aug_BHe, a_BH, reset_BH, deg):
     """One token: read the decayed old state plus the new token's own term (q.k)^p [v|1] (exact, with no
-    cancellation across features), then write the token. Returns (S_aug, y_aug [B, H, g, e])."""
-    decay_BH = jnp.exp(log_g_BH)
-    own_BHg = jnp.einsum("bhgd,bhd->bhg", q_BHgd, k_BHd) ** deg
-    y_aug = decay_BH[..., None, None] * jnp.einsum("bhgD,bhDe->bhge", _phi(q_BHgd, deg), S_aug)
+    cancellation across features), then write the token. Returns (S_aug, y_aug [B, H, g, e]).
+
+    a is the token's finite log-gate and reset its reset (`gates.chunk_gates` with chunks of one token): the decay
+    is exp(a), or 0 at a reset; the own term carries exp(a - a), 1 or the token's NaN, as the chunked forms do."""
+    _, _, decay_BH = gate_factors(a_BH[..., None], reset_BH[..., None], deg)
+    own_BHg = jnp.einsum("bhgd,bhd->bhg", q_BHgd, k_BHd) ** deg * jnp.exp(a_BH - a_BH)[..., None]
+    y_aug = decay_state(decay_BH, jnp.einsum("bhgD,bhDe->bhge", _phi(q_BHgd, deg), S_aug))
     y_aug = y_aug + own_BHg[..., None] * v_aug_BHe[:, :, None, :]
-    S_aug = decay_BH[..., None, None] * S_aug + jnp.einsum("bhD,bhe->bhDe", _phi(k_BHd, deg), v_aug_BHe)
+    S_aug = decay_state(decay_BH, S_aug) + jnp.einsum("bhD,bhe->bhDe", _phi(k_BHd, deg), v_aug_BHe)
     return S_aug, y_aug
 
 
@@ -87,22 +96,24 @@ def power_retention_recurrence(
     log_g: Float[Array, "B T H"] | None = None,
     initial_state: RetentionState | None = None,
     *,
+    segment_ids: Int[Array, "B T"] | None = None,
     deg: int = 2,
     scale: float | None = None,
 ) -> tuple[Float[Array, "B T Hq d"], RetentionState]:
-    """The recurrence over T tokens from `initial_state` (None: empty), a `lax.scan` over tokens. Returns (y in v's
-    dtype, the final state in the compute dtype)."""
+    """The recurrence over T tokens from `initial_state` (None: empty), a `lax.scan` over tokens, resetting at -inf
+    gates and document starts. Returns (y in v's dtype, the final state in the compute dtype)."""
     dtype = _compute_dtype(q)
     B, d = q.shape[0], q.shape[3]
     H = k.shape[2]
     scale = d**-0.5 if scale is None else scale
+    gates = chunk_gates(k, v, log_g, segment_ids, chunk_size=1, dtype=dtype)  # F = a and R = reset, per token
     q_TBHgd = rearrange(q.astype(dtype) * scale, "B T (H g) d -> T B H g d", H=H)
-    k_TBHd = rearrange(k.astype(dtype), "B T H d -> T B H d")
-    v_f = v.astype(dtype)
+    k_TBHd = rearrange(gates.k.astype(dtype), "B T H d -> T B H d")
+    v_f = gates.v.astype(dtype)
     v_TBHe = rearrange(jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), dtype)], axis=-1), "B T H e -> T B H e")
-    log_g = jnp.zeros(k.shape[:3], dtype) if log_g is None else log_g.astype(dtype)
+    a_TBH, reset_TBH = (rearrange(x[..., 0], "B T H -> T B H") for x in (gates.F, gates.R))
     state = init_state(B, H, d, deg) if initial_state is None else initial_state
     S_aug = augment(RetentionState(*(x.astype(dtype) for x in state)))
     body = lambda S_aug, xs: _token(S_aug, *xs, deg)
-    S_aug, y_aug = jax.lax.scan(body, S_aug, (q_TBHgd, k_TBHd, v_TBHe, rearrange(log_g, "B T H -> T B H")))
+    S_aug, y_aug = jax.lax.scan(body, S_aug, (q_TBHgd, k_TBHd, v_TBHe, a_TBH, reset_TBH))
     return rearrange(normalise(y_aug), "T B H g d -> B T (H g) d").astype(v.dtype), split(S_aug)

@@ -2,6 +2,7 @@
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -29,15 +30,24 @@ def init_state(batch: int, heads: int, head_dim: int, deg: int = 2) -> Retention
 
 
 def check_state(state, B: int, H: int, d: int, deg: int, name: str) -> None:
-    """`state` (the argument `name`) is a RetentionState with S [B, H, D, d] and z [B, H, D] for degree `deg`."""
+    """`state` (the argument `name`) is a RetentionState with float32 S [B, H, D, d] and z [B, H, D] for degree
+    `deg`."""
     D = sympow_dim(d, deg)
     if not isinstance(state, RetentionState):
         raise TypeError(f"{name} must be a RetentionState(S, z) (see init_state), got {type(state).__name__}")
+    if state.S.dtype != jnp.float32 or state.z.dtype != jnp.float32:
+        dtypes = f"S {state.S.dtype} and z {state.z.dtype}"
+        raise TypeError(f"{name} must hold float32 S and z (see init_state), got {dtypes}")
     if state.S.shape != (B, H, D, d) or state.z.shape != (B, H, D):
         raise ValueError(
             f"{name} must have S [B, H, D, d] = {(B, H, D, d)} and z [B, H, D] = {(B, H, D)} for deg={deg}, "
             f"got S {state.S.shape} and z {state.z.shape}"
         )
+
+
+def clear_rows(state: RetentionState, rows_B) -> RetentionState:
+    """The state with the batch rows where rows_B [B] is true emptied (a `where`: a NaN in a cleared row goes too)."""
+    return jax.tree.map(lambda x: jnp.where(rows_B.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, x), state)
 
 
 def augment(state: RetentionState) -> Float[Array, "B H D e"]:

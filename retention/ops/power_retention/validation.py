@@ -2,10 +2,11 @@
 in `retention/ops/validation.py`, the generic ones in `retention.validation`). Each raises ValueError or TypeError
 naming the argument, the value and what is allowed."""
 
+import jax.numpy as jnp
 import numpy as np
 
 from retention.ops.validation import FLOAT_DTYPES
-from retention.validation import check_choice
+from retention.validation import check_choice, concrete
 
 RETENTION_IMPLS = ("auto", "xla", "pallas", "reference")  # power_retention
 STATE_IMPLS = ("auto", "xla", "pallas")  # the impls that carry a state: the decode step, context parallelism
@@ -19,7 +20,9 @@ def default_chunk_size(T: int) -> int:
 
 
 def check_chunk_size(chunk_size) -> None:
-    """chunk_size is None (the default for the length) or one of CHUNK_SIZES."""
+    """chunk_size is None (the default for the length) or one of CHUNK_SIZES, an int (16.0 is not)."""
+    if chunk_size is not None and not isinstance(chunk_size, (int, np.integer)):
+        raise ValueError(f"chunk_size must be None or an int, one of {CHUNK_SIZES}, got {chunk_size!r}")
     check_choice("chunk_size", chunk_size, (None, *CHUNK_SIZES))
 
 
@@ -30,10 +33,25 @@ def check_deg(deg) -> None:
 
 
 def check_log_g(log_g, k) -> None:
-    """log_g is None or [B, T, H] like k's first three axes, floating."""
+    """log_g is None or [B, T, H] like k's first three axes, floating, and (when its values are known) <= 0 or NaN:
+    -inf is a reset; a positive gate raises here, and gives NaN rows where the values are traced."""
     if log_g is None:
         return
     if getattr(log_g, "shape", None) != tuple(k.shape[:3]):
         raise ValueError(f"log_g must have shape [B, T, H] = {tuple(k.shape[:3])}, got {getattr(log_g, 'shape', None)}")
     if log_g.dtype not in FLOAT_DTYPES:
         raise TypeError(f"log_g must be a floating dtype (float32 preferred), got {log_g.dtype}")
+    values = concrete(log_g)
+    if values is not None and (values > 0).any():
+        where = tuple(int(i) for i in np.argwhere(values > 0)[0])
+        raise ValueError(
+            f"log_g must be <= 0 (a log-gate; -inf is a reset), got {float(values[where])} at [b, t, h] = {where}"
+        )
+
+
+def runtime_gate_checks(log_g) -> list:
+    """The `debug_checks` entry of log_g: no positive or NaN gate (see `retention.validation.check_at_runtime`)."""
+    if log_g is None:
+        return []
+    count = jnp.sum(~(log_g <= 0))
+    return [("log_g must be <= 0 and not NaN (debug_checks), got {} positive or NaN entries", count > 0, count)]
