@@ -32,19 +32,29 @@ arithmetic is shared (chunk_math.py); block sizes and compiler settings per back
 from pallas_kernels.power_retention.chunked import chunked_retention
 from pallas_kernels.power_retention.config import (
     BlockSizes,
+    candidate_block_sizes,
     check_supported,
+    chunk_for,
     default_block_sizes,
+    matmul_for,
     matmul_precision,
     resolve_backend,
+    resolve_interpret,
+    write_tuned,
 )
 from pallas_kernels.power_retention.decode import decode_state_pass
 
 __all__ = [
     "BlockSizes",
+    "candidate_block_sizes",
     "check_supported",
+    "chunk_for",
     "chunked_retention",
     "decode_state_pass",
     "default_block_sizes",
+    "matmul_for",
     "matmul_precision",
     "resolve_backend",
+    "resolve_interpret",
+    "write_tuned",
 ]

@@ -8,7 +8,8 @@ Device i of n holds tokens [i*T/n, (i+1)*T/n):
    with `ppermute` (shift 1, 2, 4, ...), 1 + ceil(log2 n) rounds of one state each per device (an all_gather
    would move n - 1 states). A device that receives nothing gets zeros, the identity of the operator;
 3. it runs the op on its tokens from the state entering it (the public `power_retention` with
-   `initial_state`, so the Pallas kernels run where they would on one device).
+   `initial_state`, so the Pallas kernels run where they would on one device: inside this shard_map every mesh
+   axis is manual, and the kernels give their outputs the inputs' varying axes, `pallas_kernels/vma.py`).
 Forward and gradients (JAX differentiates through `shard_map` and `ppermute`) equal the single-device op's to
 rounding. Bytes per device per layer: (1 + ceil(log2 n)) * B*H*D*(d+1)*4, whatever T is.
 
@@ -25,6 +26,7 @@ from jaxtyping import Array, Float
 
 from retention.ops.power_retention.chunk_math import gate_factors, state_write
 from retention.ops.power_retention.op import power_retention
+from retention.ops.power_retention.pallas import interpreted
 from retention.ops.power_retention.state import RetentionState, augment, check_state, split
 from retention.ops.power_retention.validation import (
     STATE_IMPLS,
@@ -96,8 +98,8 @@ def power_retention_context_parallel(
     Same arguments, shapes and result as `power_retention` (y, or (y, state) with `return_state`); `impl` is
     the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas"). mesh: a Mesh, or
     None for the ambient one (`jax.set_mesh`); batch_axes: the mesh axes that split the batch (default: every
-    other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size defaults to the
-    single-device default of T / n.
+    other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size None: the local
+    op's default for T / n tokens.
     """
     check_qkv(q, k, v)
     check_deg(deg)
@@ -126,7 +128,7 @@ def power_retention_context_parallel(
             log_g if gated else None,
             deg=deg,
             scale=scale,
-            chunk_size=c,
+            chunk_size=chunk_size,  # None: the local op's default (the kernels' own with impl="pallas")
             initial_state=split(S_in),
             return_state=True,
             impl=impl,
@@ -139,6 +141,7 @@ def power_retention_context_parallel(
     seq, rep = P(rows, axis, None, None), P(rows, None, None, None)
     S0 = augment(initial_state) if has_init else jnp.zeros((B, 1, 1, 1), jnp.float32)
     out_specs = (seq, rep) if return_state else seq
-    run = jax.shard_map(local, mesh=mesh, in_specs=(seq, seq, seq, P(rows, axis, None), rep), out_specs=out_specs)
+    specs = dict(in_specs=(seq, seq, seq, P(rows, axis, None), rep), out_specs=out_specs)
+    run = jax.shard_map(local, mesh=mesh, check_vma=not interpreted(impl), **specs)
     out = run(q, k, v, log_g, S0)
     return (out[0], split(out[1])) if return_state else out

@@ -5,7 +5,8 @@ impl = "auto" | "xla" | "pallas" | "reference":
   runs as one chunk against the state (`recurrent.chunk_step`);
 - "reference": the quadratic oracle (`reference.py`), O(T^2) memory, no state in or out (so no step);
 - "pallas": the Pallas kernels (`pallas.py`), interpreted on CPU; raises NotImplementedError or ValueError for
-  what they do not support (degree 2 only; on GPU powers of two);
+  what they do not support (degree 2 only; on GPU powers of two). Under a mesh they run in a shard_map over its
+  batch and head axes (`pallas_mesh.py`); their chunk size, when none is given, is the kernels' (BlockSizes);
 - "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype, else the XLA path.
 """
 
@@ -14,7 +15,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from retention.ops.power_retention.chunked import power_retention_chunked
-from retention.ops.power_retention.pallas import chunked_pallas, pallas_supports, step_pallas
+from retention.ops.power_retention.pallas import pallas_supports
+from retention.ops.power_retention.pallas_mesh import chunked_on_mesh, step_on_mesh
 from retention.ops.power_retention.recurrent import chunk_step
 from retention.ops.power_retention.reference import power_retention_reference
 from retention.ops.power_retention.state import RetentionState, check_state, init_state
@@ -82,11 +84,11 @@ def power_retention(
             raise ValueError("impl='reference' takes no initial_state and returns no state; use impl='xla'")
         return power_retention_reference(q, k, v, log_g, deg=deg, scale=scale)
 
-    chunk_size = chunk_size or default_chunk_size(T)
     if _use_pallas(impl, q, k, deg, chunk_size):
         state = init_state(B, H, d, deg) if initial_state is None else initial_state
-        y, state = chunked_pallas(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size)
+        y, state = chunked_on_mesh(q, k, v, log_g, state, deg=deg, scale=scale, chunk_size=chunk_size)
     else:  # None: an empty state, which the chunked path need not read
+        chunk_size = chunk_size or default_chunk_size(T)
         y, state = power_retention_chunked(q, k, v, log_g, initial_state, deg=deg, scale=scale, chunk_size=chunk_size)
     return (y, state) if return_state else y
 
@@ -128,5 +130,5 @@ def power_retention_step(
             return_state=True,
             impl=impl,
         )
-    run = step_pallas if _use_pallas(impl, q, k, deg, None) else chunk_step
+    run = step_on_mesh if _use_pallas(impl, q, k, deg, None) else chunk_step
     return run(state, q, k, v, log_g, deg=deg, scale=scale)

@@ -1,13 +1,17 @@
 """The Pallas kernels behind the op (`pallas_kernels.power_retention`, degree 2): this file is their only importer.
 
 It converts RetentionState to and from the kernels' expanded state (expanded_state.py) around the chunked kernels,
-and runs a decode step as `chunk_step` with the kernel's pass over S in place of XLA's; that pass's gradient is the
-XLA pass's (`xla_state_pass`, under `jax.custom_vjp`), so the step differentiates like the XLA step.
+turns log_g and segment_ids into the kernels' per-chunk gates (`kernel_gates`, the reset contract), and runs a decode
+step as `chunk_step` with the kernel's pass over S in place of XLA's; that pass's gradient is the XLA pass's
+(`xla_state_pass`, under `jax.custom_vjp`), so the step differentiates like the XLA step. Under a mesh, op.py runs
+these through `pallas_mesh.py` (a shard_map over the batch and heads).
 """
 
 from functools import partial
 
 import jax
+import jax.numpy as jnp
+from einops import rearrange
 
 import pallas_kernels.power_retention as kernels
 from pallas_kernels.power_retention import BlockSizes
@@ -31,6 +35,48 @@ def pallas_supports(deg: int, d: int, g: int, chunk: int | None = None, backend:
     return True
 
 
+def interpreted(impl: str) -> bool:
+    """Whether `impl` runs the kernels in interpret mode ("pallas" on CPU). A shard_map around such kernels must
+    run with check_vma=False: in JAX 0.11.2 the interpreter slices each (varying) input by invariant grid indices,
+    which the varying-axes check rejects (on GPU and TPU the kernels type their outputs, pallas_kernels/vma.py)."""
+    return impl == "pallas" and kernels.resolve_interpret(None)
+
+
+def _segmented_cumsum(a, reset, axis: int):
+    """Inclusive cumulative sum of `a` along `axis` that restarts at every token where `reset` is set (the reset
+    token's own a is included: the caller makes it 0). A NaN then reaches only the tokens after it up to the next
+    reset, i.e. its own document."""
+
+    def combine(left, right):
+        (a_l, r_l), (a_r, r_r) = left, right
+        return jnp.where(r_r, a_r, a_l + a_r), r_l | r_r
+
+    return jax.lax.associative_scan(combine, (a, reset), axis=axis)[0]
+
+
+def kernel_gates(log_g, segment_ids, shape, chunk: int):
+    """The kernels' gates (F, R) [B, T, H] float32 per chunk of `chunk` tokens, by the reset contract: a token
+    resets when its log-gate is -inf or (t > 0) its segment id differs from the previous token's; a = 0 at a reset,
+    else log_g (0 without gates; NaN for a positive gate); within each chunk R counts the resets up to each token and
+    F sums a since the chunk's start or the last reset (the kernels' masks make the two choices agree; restarting
+    at resets keeps a NaN gate in its own document). log_g [B, T, H] or None, segment_ids [B, T] int or None,
+    `shape` (B, T, H)."""
+    B, T, H = shape
+    log_g = jnp.zeros(shape, jnp.float32) if log_g is None else log_g.astype(jnp.float32)
+    reset = log_g == -jnp.inf
+    if segment_ids is not None:
+        new_doc = jnp.concatenate([jnp.zeros((B, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+        reset = reset | new_doc[..., None]
+    a = jnp.where(reset, 0.0, jnp.where(log_g > 0, jnp.nan, log_g))
+    N = -(-T // chunk)
+    pad = [(0, 0), (0, N * chunk - T), (0, 0)]
+    a_BNcH, reset_BNcH = (rearrange(jnp.pad(x, pad), "B (N c) H -> B N c H", c=chunk) for x in (a, reset))
+    F = _segmented_cumsum(a_BNcH, reset_BNcH, axis=2)
+    R = jnp.cumsum(reset_BNcH.astype(jnp.float32), axis=2)
+    crop = lambda x: rearrange(x, "B N c H -> B (N c) H")[:, :T]
+    return crop(F), crop(R)
+
+
 def chunked_pallas(
     q,
     k,
@@ -40,26 +86,34 @@ def chunked_pallas(
     *,
     deg: int,
     scale: float,
-    chunk_size: int,
+    chunk_size: int | None,
+    segment_ids=None,
     backend: str | None = None,
     interpret: bool | None = None,
     block_sizes: BlockSizes | None = None,
 ):
-    """`power_retention_chunked` on the kernels: (y in v's dtype, the final state), shapes as `power_retention`'s.
-    Inputs validated by the op; `backend` ('gpu' or 'tpu', None: the default device's), `interpret` (None: on CPU)
-    and `block_sizes` (None: the backend's defaults) as in the kernels."""
-    Hq, d = q.shape[2:]
-    check_pallas(deg, d, Hq // k.shape[2], chunk_size, backend)
+    """`power_retention_chunked` on the kernels: (y in v's dtype, the final state), shapes as `power_retention`'s,
+    segment_ids [B, T] int or None (a new document resets the state, see `kernel_gates`). Inputs validated by the
+    op; `chunk_size` None takes the kernels' (BlockSizes.chunk, `kernels.chunk_for`); `backend` ('gpu' or 'tpu',
+    None: the default device's), `interpret` (None: on CPU) and `block_sizes` (None: the backend's defaults, tuned
+    where `gpu_check` wrote them) as in the kernels."""
+    B, T, Hq, d = q.shape
+    H = k.shape[2]
+    blocks = block_sizes or kernels.default_block_sizes(kernels.resolve_backend(backend), d)
+    chunk = chunk_size or kernels.chunk_for(T, blocks)
+    check_pallas(deg, d, Hq // H, chunk, backend)
+    F, R = kernel_gates(log_g, segment_ids, (B, T, H), chunk)
     y, S_exp, Z = kernels.chunked_retention(
         q,
         k,
         v,
-        log_g,
+        F,
+        R,
         *to_expanded(state),
         scale=scale,
-        chunk_size=chunk_size,
+        chunk_size=chunk,
         interpret=interpret,
-        block_sizes=block_sizes,
+        block_sizes=blocks,
         backend=backend,
     )
     return y, from_expanded(S_exp, Z)
