@@ -6,7 +6,8 @@ A leaf library: arrays in, arrays out (it imports nothing from `retention`). Ent
 - `decode_state_pass(q_t, k_t, v, gamma, S, ...) -> (read, S)`: the pass over the exact state of a decode step
   (decode.py), forward only;
 - `check_supported(deg, d, g, backend, chunk)`: what the kernels support; `BlockSizes` and `default_block_sizes`:
-  block sizes and compiler settings per backend; `resolve_backend`, `matmul_precision` (config.py).
+  block sizes and compiler settings per backend; `resolve_backend`, `matmul_precision`, `lowering_for` (a target
+  for lowering from another machine) (config.py).
 
 The expanded state. For p = 2, (x . y)^2 = sum_{a,b} x_a x_b y_a y_b, so the chunked kernels use the feature x (x) x
 (all d*d products) instead of the symmetric power map (the D = d(d+1)/2 products a <= b, times sqrt(2) off the
@@ -36,6 +37,7 @@ from pallas_kernels.power_retention.config import (
     check_supported,
     chunk_for,
     default_block_sizes,
+    lowering_for,
     matmul_for,
     matmul_precision,
     resolve_backend,
@@ -52,6 +54,7 @@ __all__ = [
     "chunked_retention",
     "decode_state_pass",
     "default_block_sizes",
+    "lowering_for",
     "matmul_for",
     "matmul_precision",
     "resolve_backend",
