@@ -173,6 +173,11 @@ def lowering_for(backend: str):
         _TARGET.reset(token)
 
 
+def lowering_target() -> str | None:
+    """The backend of the active `lowering_for`, or None."""
+    return _TARGET.get()
+
+
 def resolve_backend(backend: str | None) -> str:
     """'gpu' or 'tpu': the given one, or `lowering_for`'s, or the default device's ('gpu' on CPU, where kernels run
     interpreted)."""

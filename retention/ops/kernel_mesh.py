@@ -5,7 +5,8 @@ heads, with no gather of q, k, v.
 `shard_plan(q, H)` reads the mesh: every axis of more than one device that is not already manual (inside a
 shard_map, such as the context-parallel ops', the kernels run as they are) splits the batch when B divides, else
 the kv-heads when H divides (then the query heads split the same way: query head i reads kv-head i // (Hq // H)), else
-the kernel runs replicated over it. On an Explicit axis the plan takes q's own sharding of those dims instead.
+the kernel runs replicated over it (still inside the shard_map: XLA cannot partition a Mosaic call at all). On
+an Explicit axis the plan takes q's own sharding of those dims instead.
 `run_sharded` then calls a function under that plan, each argument and output named by the role of its dims.
 """
 
@@ -33,7 +34,7 @@ def _axes(entry) -> tuple[str, ...]:
 
 def shard_plan(q, H: int) -> ShardPlan | None:
     """How to split a kernel call on q [B, T, Hq, d] with H kv-heads over the ambient mesh (module docstring);
-    None when there is nothing to split (no mesh, or every axis manual or of size 1)."""
+    None when there is no mesh to run under (no mesh, or every axis manual or of size 1)."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return None
@@ -52,8 +53,6 @@ def shard_plan(q, H: int) -> ShardPlan | None:
                 batch.append(a)
             elif H % (math.prod(mesh.shape[h] for h in heads) * n) == 0:
                 heads.append(a)
-    if not batch and not heads:
-        return None
     return ShardPlan(mesh, tuple(batch) or None, tuple(heads) or None)
 
 

@@ -1,6 +1,7 @@
 """A 2-layer PA model's forward and backward with the kernels (retention_impl="pallas", bf16), lowered from this CPU
 machine with `jax.export` under an abstract 8-device mesh: TPU (Mosaic) and H200 (Triton), data (8,1,1) and fsdp
-(1,8,1), head dims 64 and 128. `lowering_for` targets the kernels at the platform (no interpret mode); the op runs
+(1,8,1), head dims 64 and 128. `lowering_for` targets the kernels at the platform (no interpret mode; the attention
+layer takes splash on TPU through impl="auto", blockwise on the H200: cuDNN's lowering asks for a GPU); the ops run
 them inside a shard_map over the batch (before this, lowering failed: Mosaic kernels cannot be automatically
 partitioned)."""
 
@@ -34,6 +35,7 @@ def _exported(platform: str, shape: tuple[int, int, int], d: int):
         head_dim=d,
         chunk_size=128,
         retention_impl="pallas",
+        attention_impl="auto" if platform == "tpu" else "xla",  # cuDNN does not lower without a GPU ("not detected")
         dtype="bfloat16",
     )
     graphdef, params = nnx.split(nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0))))
@@ -44,7 +46,8 @@ def _exported(platform: str, shape: tuple[int, int, int], d: int):
     tokens = jax.ShapeDtypeStruct((8, 256), jnp.int32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
     loss = lambda params, tokens: nnx.merge(graphdef, params)(tokens).astype(jnp.float32).mean()
     step = jax.jit(jax.value_and_grad(loss))
-    with jax.sharding.use_abstract_mesh(mesh), kernels.lowering_for("tpu" if platform == "tpu" else "gpu"):
+    target = kernels.lowering_for("tpu" if platform == "tpu" else "gpu")
+    with jax.enable_x64(False), jax.sharding.use_abstract_mesh(mesh), target:  # x64: see attention/splash.py
         return jax.export.export(step, platforms=[platform], disabled_checks=[TRITON])(params, tokens)
 
 
