@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jaxtyping import Array, Float
 
-from pallas_kernels.power_retention.chunk_math import F32, column, dot
+from pallas_kernels.power_retention.chunk_math import F32, Matmul, column, dot
 from pallas_kernels.power_retention.config import (
     BlockSizes,
     check_supported,
@@ -31,6 +31,7 @@ from pallas_kernels.power_retention.config import (
     resolve_backend,
     resolve_interpret,
 )
+from pallas_kernels.vma import out_struct, same_varying
 
 
 def row_starts(d: int) -> np.ndarray:
@@ -48,12 +49,13 @@ def _kernel(q_ref, k_ref, v_ref, gamma_ref, S_ref, read_ref, S_out_ref, *, maske
     lane = jax.lax.broadcasted_iota(jnp.int32, (1, d), 1)
     sublane = jax.lax.broadcasted_iota(jnp.int32, (d, S_ref.shape[1]), 0)
     read = jnp.zeros(read_ref.shape, F32)
+    mm = Matmul(F32, precision)
     for a, start in reversed(list(enumerate(row_starts(d).tolist()))):
         weight = jnp.where(lane > a, 2.0**0.5, jnp.where(lane == a, 1.0, 0.0))
         window = pl.ds(start, d)
         W = S_ref[window, :]
-        read = read + dot(q_t * column(q_t, a) * weight, W, precision)
-        new = gamma * W + dot(k_t * column(k_t, a) * weight, v, precision, trans_x=True)
+        read = read + dot(q_t * column(q_t, a) * weight, W, mm)
+        new = gamma * W + dot(k_t * column(k_t, a) * weight, v, mm, trans_x=True)
         if masked_store:
             pltriton.store(S_out_ref.at[window, :], new, mask=sublane >= a)
         else:
@@ -84,8 +86,11 @@ def decode_state_pass(
 ) -> tuple[Float[Array, "B H m e"], Float[Array, "B H D e"]]:
     """(phi(q~) S, gamma S + phi(k~)^T v) for the m query rows q~ and the n keys k~ (already scaled and gated) of
     one chunk, float32, S in the layout of the module docstring. Not differentiable (the caller defines the
-    gradient). `backend`, `interpret` as in `chunked_retention`; `precision` of the kernel's matmuls."""
+    gradient). `backend`, `interpret` as in `chunked_retention`; `precision` of the kernel's matmuls (float32
+    operands: the pass is bound by reading S, which is float32). Inside `jax.shard_map` the inputs are made to vary
+    over the same mesh axes first."""
     backend = resolve_backend(backend)
+    q_t, k_t, v, gamma, S = same_varying(q_t, k_t, v, gamma, S)
     B, H, m, d = q_t.shape
     n, (D, e) = k_t.shape[2], S.shape[2:]
     check_supported(2, d, 1, backend)
@@ -106,7 +111,7 @@ def decode_state_pass(
             spec(D, cols, True),
         ],
         out_specs=[spec(rows_q, cols, True), spec(D, cols, True)],
-        out_shape=(jax.ShapeDtypeStruct((B, H, rows_q, e), F32), jax.ShapeDtypeStruct((B, H, D, e), F32)),
+        out_shape=(out_struct((B, H, rows_q, e), F32, S), out_struct((B, H, D, e), F32, S)),
         compiler_params=compiler_params(backend, blocks, ("parallel", "parallel", "parallel"), decode=True),
         interpret=resolve_interpret(interpret),
     )(

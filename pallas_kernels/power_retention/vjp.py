@@ -2,10 +2,11 @@
 
 Forward: state pass (k, v; chunks in order) -> boundary states S_before; Z (the normaliser's d x d state, d times
 smaller than S) by a short XLA scan; then the output kernel (output_kernel.py), parallel over chunks. Saved for the
-backward: the inputs, S_before, Z_before, y and den (no recomputation of states).
-Backward: dnum = dy / den and dden = -(dy . y) / den (XLA, elementwise); the same state pass on (q, dnum) in reverse
--> dS_after per chunk and the initial state's gradient; dZ by a reverse XLA scan; then the gradient kernel
-(gradient_kernel.py), parallel over chunks.
+backward: the inputs, S_before (in the matmul operand dtype), Z_before, y and den (no recomputation of states).
+Backward: dnum = dy / den and dden = -(dy . y) / den (XLA, elementwise: -(dy . y) / den is the exact derivative of
+num / den in den, and finite wherever y is); the same state pass on (q, dnum) in reverse -> dS_after per chunk and
+the initial state's gradient; dZ by a reverse XLA scan; then the gradient kernel (gradient_kernel.py), parallel over
+chunks. Gates enter as F and R (see the package docstring); F gets a gradient per token, R none.
 """
 
 from functools import partial
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
-from pallas_kernels.power_retention.chunk_math import DEG, F32
+from pallas_kernels.power_retention.chunk_math import DEG, F32, Matmul
 from pallas_kernels.power_retention.config import BlockSizes
 from pallas_kernels.power_retention.gradient_kernel import chunk_grads
 from pallas_kernels.power_retention.output_kernel import output_chunks
@@ -29,28 +30,63 @@ class Settings(NamedTuple):
     scale: float
     backend: str
     blocks: BlockSizes
-    precision: jax.lax.Precision
+    mm: Matmul
     interpret: bool
 
 
 def _kernel_args(s: Settings):
-    return dict(backend=s.backend, blocks=s.blocks, precision=s.precision, interpret=s.interpret)
+    return dict(backend=s.backend, blocks=s.blocks, mm=s.mm, interpret=s.interpret)
 
 
-def _gates(G, chunk):
-    """From G [B, H, Tp] (cumsum within each chunk): Gc [B, H, N, c, 1], Gr [B, H, N, 1, c], gamma [B, H, N]."""
-    G_BHNc = rearrange(G, "B H (N c) -> B H N c", c=chunk)
-    return G_BHNc[..., None], G_BHNc[..., None, :], jnp.exp(G_BHNc[..., -1])
+class ChunkGates(NamedTuple):
+    """F and R per chunk as columns [B, H, N, c, 1] and rows [B, H, N, 1, c]; the state pass's per-token factors
+    and masks [B, H, Tp, 1] for keys (fk, write) and queries (fq, read); per chunk gamma and carry [B, H, N, 1, 1]."""
+
+    Fc: jax.Array
+    Fr: jax.Array
+    Rc: jax.Array
+    Rr: jax.Array
+    fk: jax.Array
+    write: jax.Array
+    fq: jax.Array
+    read: jax.Array
+    gamma: jax.Array
+    carry: jax.Array
 
 
-def _scan_Z(Z0, inc_BHNdd, gamma_BHN, reverse):
-    """Z <- gamma_n Z + inc_n over chunks (reversed if asked); returns (Z before each chunk [B, H, N, d, d], final)."""
+def _gates(F, R, chunk, scale) -> ChunkGates:
+    """The masked factors of chunk_math.gates for every chunk, in XLA, from F and R [B, H, Tp]."""
+    F_BHNc, R_BHNc = (rearrange(x, "B H (N c) -> B H N c", c=chunk) for x in (F, R))
+    F_end, R_end = F_BHNc[..., -1:], R_BHNc[..., -1:]
+    read, write, carry = R_BHNc == 0, R_BHNc == R_end, R_end == 0
+    fq = jnp.where(read, scale * jnp.exp(jnp.where(read, F_BHNc, 0.0) / DEG), 0.0)
+    fk = jnp.where(write, jnp.exp(jnp.where(write, F_end - F_BHNc, 0.0) / DEG), 0.0)
+    gamma = jnp.where(carry, jnp.exp(jnp.where(carry, F_end, 0.0)), 0.0)
+    per_token = lambda x: rearrange(x.astype(F32), "B H N c -> B H (N c) 1")
+    per_chunk = lambda x: x.astype(F32)[..., None]
+    return ChunkGates(
+        F_BHNc[..., None],
+        F_BHNc[..., None, :],
+        R_BHNc[..., None],
+        R_BHNc[..., None, :],
+        per_token(fk),
+        per_token(write),
+        per_token(fq),
+        per_token(read),
+        per_chunk(gamma),
+        per_chunk(carry),
+    )
+
+
+def _scan_Z(Z0, inc_BHNdd, gamma_BHN, carry_BHN, reverse):
+    """Z <- gamma_n Z (dropped where carry_n is 0) + inc_n over chunks (reversed if asked); returns (Z before each
+    chunk [B, H, N, d, d], final)."""
 
     def body(Z, xs):
-        gamma_BH, inc = xs
-        return gamma_BH[..., None, None] * Z + inc, Z
+        gamma_BH, carry_BH, inc = xs
+        return jnp.where(carry_BH[..., None, None] > 0, gamma_BH[..., None, None] * Z, 0.0) + inc, Z
 
-    xs = (jnp.moveaxis(gamma_BHN, 2, 0), jnp.moveaxis(inc_BHNdd, 2, 0))
+    xs = (jnp.moveaxis(gamma_BHN, 2, 0), jnp.moveaxis(carry_BHN, 2, 0), jnp.moveaxis(inc_BHNdd, 2, 0))
     final, before = jax.lax.scan(body, Z0, xs, reverse=reverse)
     return jnp.moveaxis(before, 0, 2), final
 
@@ -60,54 +96,113 @@ def _symmetrise(x):
     return 0.5 * (x + jnp.swapaxes(x, 2, 3))
 
 
+def _outer(x_t, w, chunk):
+    """sum over each chunk's tokens (and heads g) of w x~ x~^T: [B, H, N, d, d] from x~ [B, H, g, Tp, d] and weights
+    w [B, H, g, Tp] (the normaliser state's increment), float32 with exact products."""
+    x_c = rearrange(x_t, "B H g (N c) d -> B H g N c d", c=chunk)
+    w_c = rearrange(w, "B H g (N c) -> B H g N c", c=chunk)
+    return jnp.einsum("bhgncx,bhgnc,bhgncy->bhnxy", x_c, w_c, x_c, precision=jax.lax.Precision.HIGHEST)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def chunked_core(s: Settings, q, k, v, G, S0, Z0):
-    """q [B, H, g, Tp, d], k and v [B, H, Tp, d], G [B, H, Tp] (cumsum of log_g within chunks), S0 [B, H, d, d, e]
-    and Z0 [B, H, d, d] expanded. Returns (y [B, H*g, Tp, e] float32, S_final, Z_final)."""
-    return _forward(s, q, k, v, G, S0, Z0)[0]
+def chunked_core(s: Settings, q, k, v, F, R, S0, Z0):
+    """q [B, H, g, Tp, d], k and v [B, H, Tp, d], F and R [B, H, Tp] (per chunk, see the package docstring),
+    S0 [B, H, d, d, e] and Z0 [B, H, d, d] expanded. Returns (y [B, H*g, Tp, e] float32, S_final, Z_final)."""
+    return _forward(s, q, k, v, F, R, S0, Z0)[0]
 
 
-def _forward(s, q, k, v, G, S0, Z0):
+def _forward(s, q, k, v, F, R, S0, Z0):
     """The forward pass: ((y, S_final, Z_final), residuals for `_backward`)."""
     B, H, g, Tp, d = q.shape
-    Gc, Gr, gamma = _gates(G, s.chunk)
-    fk = rearrange(jnp.exp((Gr[..., 0, -1:] - Gr[..., 0, :]) / DEG), "B H N c -> B H (N c) 1")
+    cg = _gates(F, R, s.chunk, s.scale)
     S_before, S_final = state_pass(
-        k[:, :, None], v[:, :, None], fk, gamma[..., None, None], S0, chunk=s.chunk, reverse=False, **_kernel_args(s)
+        k[:, :, None],
+        v[:, :, None],
+        cg.fk,
+        cg.write,
+        cg.gamma,
+        cg.carry,
+        S0,
+        chunk=s.chunk,
+        reverse=False,
+        **_kernel_args(s),
     )
-    k_t = rearrange(k.astype(F32) * fk, "B H (N c) d -> B H N c d", c=s.chunk)
-    Z_inc = jnp.einsum("bhncx,bhncy->bhnxy", k_t, k_t, precision=s.precision)
-    Z_before, Z_final = _scan_Z(Z0, Z_inc, gamma, reverse=False)
+    k_t = jnp.where(cg.write > 0, k.astype(F32) * cg.fk, 0.0)
+    Z_before, Z_final = _scan_Z(
+        Z0,
+        _outer(k_t[:, :, None], jnp.ones((B, H, 1, Tp), F32), s.chunk),
+        cg.gamma[..., 0, 0],
+        cg.carry[..., 0, 0],
+        reverse=False,
+    )
     y, den = output_chunks(
-        q.reshape(B, H * g, Tp, d), k, v, Gc, Gr, S_before, Z_before, scale=s.scale, **_kernel_args(s)
+        q.reshape(B, H * g, Tp, d),
+        k,
+        v,
+        cg.Fc,
+        cg.Fr,
+        cg.Rc,
+        cg.Rr,
+        S_before,
+        Z_before,
+        scale=s.scale,
+        **_kernel_args(s),
     )
-    return (y, S_final, Z_final), (q, k, v, G, S_before, Z_before, y, den)
+    return (y, S_final, Z_final), (q, k, v, F, R, S_before, Z_before, y, den)
 
 
 def _backward(s, res, cts):
-    """Gradients w.r.t. (q, k, v, G, S0, Z0) from the cotangents of (y, S_final, Z_final)."""
-    q, k, v, G, S_before, Z_before, y, den = res
+    """Gradients w.r.t. (q, k, v, F, R, S0, Z0) from the cotangents of (y, S_final, Z_final)."""
+    q, k, v, F, R, S_before, Z_before, y, den = res
     dy, dS_final, dZ_final = cts
     B, H, g, Tp, _ = q.shape
-    Gc, Gr, gamma = _gates(G, s.chunk)
-    ok = den > 0
-    safe_den = jnp.where(ok, den, 1.0)
-    dnum = jnp.where(ok, dy / safe_den, 0.0).reshape(B, H, g, Tp, -1)
-    dden = jnp.where(ok, -jnp.sum(dy * y, axis=-1, keepdims=True) / safe_den, 0.0).reshape(B, H, g, Tp, 1)
-    fq = s.scale * jnp.exp(G / DEG)[..., None]
+    cg = _gates(F, R, s.chunk, s.scale)
+    zero = den == 0
+    safe_den = jnp.where(zero, 1.0, den)
+    dnum = jnp.where(zero, 0.0, dy / safe_den).reshape(B, H, g, Tp, -1)
+    dden = jnp.where(zero, 0.0, -jnp.sum(dy * y, axis=-1, keepdims=True) / safe_den).reshape(B, H, g, Tp, 1)
+    fq, read = cg.fq[:, :, None], cg.read[:, :, None]
     dS_after, dS0 = state_pass(
-        q, dnum, fq, gamma[..., None, None], _symmetrise(dS_final), chunk=s.chunk, reverse=True, **_kernel_args(s)
+        q,
+        dnum,
+        cg.fq,
+        cg.read,
+        cg.gamma,
+        cg.carry,
+        _symmetrise(dS_final),
+        chunk=s.chunk,
+        reverse=True,
+        **_kernel_args(s),
     )
-    q_t = rearrange(q.astype(F32) * fq[:, :, None], "B H g (N c) d -> B H g N c d", c=s.chunk)
-    dden_c = rearrange(dden, "B H g (N c) 1 -> B H g N c", c=s.chunk)
-    Z_inc = jnp.einsum("bhgncx,bhgnc,bhgncy->bhnxy", q_t, dden_c, q_t, precision=s.precision)
-    dZ_after, dZ0 = _scan_Z(_symmetrise(dZ_final), Z_inc, gamma, reverse=True)
-    dden_row = dden_c[..., None, :]
-    dq, dk, dv, dGq, dGk = chunk_grads(
-        q, k, v, Gc, Gr, dnum, dden, dden_row, S_before, dS_after, Z_before, dZ_after, scale=s.scale, **_kernel_args(s)
+    q_t = jnp.where(read > 0, q.astype(F32) * fq, 0.0)
+    dZ_after, dZ0 = _scan_Z(
+        _symmetrise(dZ_final),
+        _outer(q_t, dden[..., 0], s.chunk),
+        cg.gamma[..., 0, 0],
+        cg.carry[..., 0, 0],
+        reverse=True,
     )
-    dG = dGk[..., 0] + jnp.sum(dGq[..., 0], axis=2)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dG, dS0, dZ0
+    dden_row = rearrange(dden, "B H g (N c) 1 -> B H g N 1 c", c=s.chunk)
+    dq, dk, dv, dFq, dFk = chunk_grads(
+        q,
+        k,
+        v,
+        cg.Fc,
+        cg.Fr,
+        cg.Rc,
+        cg.Rr,
+        dnum,
+        dden,
+        dden_row,
+        S_before,
+        dS_after,
+        Z_before,
+        dZ_after,
+        scale=s.scale,
+        **_kernel_args(s),
+    )
+    dF = dFk[..., 0] + jnp.sum(dFq[..., 0], axis=2)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dF, jnp.zeros_like(R), dS0, dZ0
 
 
 chunked_core.defvjp(_forward, _backward)

@@ -87,7 +87,9 @@ def test_init_state_bad_input(args, match):
 
 
 def test_softmax_bad_impl():
-    with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'xla', 'cudnn', 'reference'\), got 'pallas'"):
+    with pytest.raises(
+        ValueError, match=r"impl must be one of \('auto', 'xla', 'cudnn', 'reference', 'splash'\), got 'pallas'"
+    ):
         softmax_attention(q, kv, kv, impl="pallas")
 
 

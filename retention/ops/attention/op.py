@@ -1,13 +1,17 @@
 """The public softmax-attention op and its dispatch: causal, full or over a sliding window, optionally packed
 (segment_ids: no attention across documents).
 
-impl = "auto" | "xla" | "cudnn" | "reference":
+impl = "auto" | "xla" | "cudnn" | "reference" | "splash":
 - "xla": blockwise with an online softmax (`blockwise.py`), on every backend;
-- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU only). That public API takes no segment
-  ids: with segment_ids it gets a dense boolean [B, 1, T, T] mask, which cuDNN turns into a bias (O(T^2) memory;
-  cuDNN's packed-segment form is only in JAX's private `jax._src.cudnn`);
+- "cudnn": `jax.nn.dot_product_attention(implementation="cudnn")` (GPU only; cuDNN's flash attention takes bf16
+  and fp16 only). That public API takes no segment ids: with segment_ids it gets a dense boolean [B, 1, T, T]
+  mask, which cuDNN turns into a bias (O(T^2) memory; cuDNN's packed-segment form is only in JAX's private
+  `jax._src.cudnn`);
 - "reference": dense (`reference.py`), O(T^2) memory;
-- "auto": cuDNN on GPU for bf16/fp16 inputs without segment_ids, else blockwise.
+- "splash": splash attention (`splash.py`), TPU; interpreted on CPU;
+- "auto": splash on TPU; cuDNN on GPU for bf16/fp16 inputs without segment_ids, blockwise for float32 on GPU (the
+  stated fallback: no float32 flash kernel in cuDNN); blockwise elsewhere. The platform is the default device's,
+  or the target of an active `pallas_kernels.power_retention.lowering_for` (lowering from CPU for a GPU or TPU).
 A NaN or inf in an input gives NaN in the rows that see it, never anything finite (`scores.poison_nonfinite`);
 `debug_checks=True` raises instead (a host callback, also under jit).
 """
@@ -16,9 +20,11 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from pallas_kernels.power_retention import lowering_target
 from retention.ops.attention.blockwise import blockwise_attention
 from retention.ops.attention.reference import dense_attention
 from retention.ops.attention.scores import poison_nonfinite
+from retention.ops.attention.splash import splash_attention
 from retention.ops.attention.validation import ATTENTION_IMPLS, check_window
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_choice
@@ -57,9 +63,14 @@ def softmax_attention(
     if debug_checks:
         check_at_runtime(runtime_input_checks({"q": q, "k": k, "v": v}, segment_ids))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    on_gpu = jax.default_backend() == "gpu"
+    platform = lowering_target() or jax.default_backend()
+    if impl == "splash" or (impl == "auto" and platform == "tpu"):
+        q, k, v = poison_nonfinite(q, k, v)
+        return splash_attention(
+            q, k, v, window=window, scale=scale, segment_ids=segment_ids, interpret=platform == "cpu"
+        )
     fast_dtype = q.dtype in (jnp.bfloat16, jnp.float16)
-    if impl == "cudnn" or (impl == "auto" and on_gpu and fast_dtype and segment_ids is None):
+    if impl == "cudnn" or (impl == "auto" and platform == "gpu" and fast_dtype and segment_ids is None):
         return _cudnn(q, k, v, window=window, segment_ids=segment_ids, scale=scale)
     if impl == "reference":
         return dense_attention(q, k, v, window=window, segment_ids=segment_ids, scale=scale)

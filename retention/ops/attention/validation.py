@@ -3,7 +3,7 @@ in `retention/ops/validation.py`)."""
 
 from retention.validation import check_int
 
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference")  # softmax_attention
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference", "splash")  # softmax_attention
 
 
 def check_window(window) -> None:

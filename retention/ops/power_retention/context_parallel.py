@@ -10,8 +10,9 @@ Device i of n holds tokens [i*T/n, (i+1)*T/n):
    state each per device (an all_gather would move n - 1 states). A device that receives nothing gets zeros, the
    identity of the operator;
 3. it runs the op on its tokens from the state entering it (the public `power_retention` with
-   `initial_state` and its part of segment_ids, so the Pallas kernels run where they would on one device); a
-   device whose first token starts a document starts from an empty state.
+   `initial_state` and its part of segment_ids, so the Pallas kernels run where they would on one device: inside
+   this shard_map every mesh axis is manual, and the kernels give their outputs the inputs' varying axes,
+   `pallas_kernels/vma.py`); a device whose first token starts a document starts from an empty state.
 Forward and gradients (JAX differentiates through `shard_map` and `ppermute`) equal the single-device op's to
 rounding. Bytes per device per layer: (1 + ceil(log2 n)) * B*H*D*(d+1)*4, whatever T is.
 
@@ -29,6 +30,7 @@ from jaxtyping import Array, Float, Int
 from retention.ops.power_retention.chunk_math import decay_state, gate_factors, state_write
 from retention.ops.power_retention.gates import chunk_gates, document_starts
 from retention.ops.power_retention.op import power_retention, run_debug_checks
+from retention.ops.power_retention.pallas import interpreted
 from retention.ops.power_retention.state import RetentionState, augment, check_state, split
 from retention.ops.power_retention.validation import (
     STATE_IMPLS,
@@ -106,8 +108,8 @@ def power_retention_context_parallel(
     (y, state) with `return_state`); `impl` is
     the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas"). mesh: a Mesh, or
     None for the ambient one (`jax.set_mesh`); batch_axes: the mesh axes that split the batch (default: every
-    other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size defaults to the
-    single-device default of T / n.
+    other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size None: the local
+    op's default for T / n tokens.
     """
     check_qkv(q, k, v)
     check_deg(deg)
@@ -142,7 +144,7 @@ def power_retention_context_parallel(
             segment_ids=segment_ids,
             deg=deg,
             scale=scale,
-            chunk_size=c,
+            chunk_size=chunk_size,  # None: the local op's default (the kernels' own with impl="pallas")
             initial_state=split(jnp.where(first[..., None, None], 0.0, S_in)),
             return_state=True,
             impl=impl,
@@ -157,6 +159,6 @@ def power_retention_context_parallel(
     out_specs = (seq, rep) if return_state else seq
     in_specs = (seq, seq, seq, P(rows, axis, None), rep) + ((tokens, tokens) if packed else ())
     packing = (segment_ids, document_starts(segment_ids)) if packed else ()  # starts: over the whole sequence
-    run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=not interpreted(impl))
     out = run(q, k, v, log_g, S0, *packing)
     return (out[0], split(out[1])) if return_state else out

@@ -5,11 +5,12 @@ impl = "auto" | "xla" | "pallas" | "reference":
   runs as one chunk against the state (`recurrent.chunk_step`);
 - "reference": the quadratic oracle (`reference.py`), O(T^2) memory, no state in or out (so no step);
 - "pallas": the Pallas kernels (`pallas.py`), interpreted on CPU; raises NotImplementedError or ValueError for
-  what they do not support (degree 2 only; on GPU powers of two);
-- "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype (and, until they take the reset
-  contract, no segment_ids), else the XLA path.
-Resets: `segment_ids` and -inf gates clear the state exactly (`gates.py`); non-finite inputs give NaN in the rows
-that see them, never zeros; `debug_checks=True` raises on them instead (a host callback, also under jit).
+  what they do not support (degree 2 only; on GPU powers of two). Under a mesh they run in a shard_map over its
+  batch and head axes (`pallas_mesh.py`); their chunk size, when none is given, is the kernels' (BlockSizes);
+- "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype, else the XLA path.
+Resets: `segment_ids` and -inf gates clear the state exactly (`gates.py`, on every path, the kernels included);
+non-finite inputs give NaN in the rows that see them, never zeros; `debug_checks=True` raises on them instead (a
+host callback, also under jit).
 """
 
 import jax
@@ -17,7 +18,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from retention.ops.power_retention.chunked import power_retention_chunked
-from retention.ops.power_retention.pallas import chunked_pallas, pallas_supports, step_pallas
+from retention.ops.power_retention.pallas import pallas_supports
+from retention.ops.power_retention.pallas_mesh import chunked_on_mesh, step_on_mesh
 from retention.ops.power_retention.recurrent import chunk_step
 from retention.ops.power_retention.reference import power_retention_reference
 from retention.ops.power_retention.state import RetentionState, check_state, clear_rows, init_state
@@ -57,14 +59,14 @@ def run_debug_checks(q, k, v, log_g, segment_ids, state, state_name: str) -> Non
     check_at_runtime(runtime_input_checks(arrays, segment_ids) + runtime_gate_checks(log_g))
 
 
-def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None, segment_ids) -> bool:
+def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None) -> bool:
     """Whether `impl` runs the Pallas kernels: always for "pallas"; for "auto" on GPU or TPU when they support
-    the degree, shapes and dtype, and no segment_ids are given (the kernels do not take them yet)."""
+    the degree, shapes and dtype."""
     if impl == "pallas":
         return True
     if impl != "auto" or jax.default_backend() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
         return False
-    return segment_ids is None and pallas_supports(deg, q.shape[-1], q.shape[2] // k.shape[2], chunk_size)
+    return pallas_supports(deg, q.shape[-1], q.shape[2] // k.shape[2], chunk_size)
 
 
 def power_retention(
@@ -105,13 +107,13 @@ def power_retention(
             raise ValueError("impl='reference' takes no initial_state and returns no state; use impl='xla'")
         return power_retention_reference(q, k, v, log_g, segment_ids=segment_ids, deg=deg, scale=scale)
 
-    chunk_size = chunk_size or default_chunk_size(T)
-    options = dict(segment_ids=segment_ids, deg=deg, scale=scale, chunk_size=chunk_size)
-    if _use_pallas(impl, q, k, deg, chunk_size, segment_ids):
+    options = dict(segment_ids=segment_ids, deg=deg, scale=scale)
+    if _use_pallas(impl, q, k, deg, chunk_size):
         state = init_state(B, H, d, deg) if initial_state is None else initial_state
-        y, state = chunked_pallas(q, k, v, log_g, state, **options)
+        y, state = chunked_on_mesh(q, k, v, log_g, state, **options, chunk_size=chunk_size)
     else:  # None: an empty state, which the chunked path need not read
-        y, state = power_retention_chunked(q, k, v, log_g, initial_state, **options)
+        chunk_size = chunk_size or default_chunk_size(T)
+        y, state = power_retention_chunked(q, k, v, log_g, initial_state, **options, chunk_size=chunk_size)
     return (y, state) if return_state else y
 
 
@@ -151,7 +153,7 @@ def power_retention_step(
     options = dict(segment_ids=segment_ids, deg=deg, scale=scale)
     if n > (chunk_size or DEFAULT_CHUNK_SIZE):
         return _chunked_in_pieces(state, q, k, v, log_g, **options, chunk_size=chunk_size, impl=impl)
-    run = step_pallas if _use_pallas(impl, q, k, deg, None, segment_ids) else chunk_step
+    run = step_on_mesh if _use_pallas(impl, q, k, deg, None) else chunk_step
     return run(state, q, k, v, log_g, **options)
 
 

@@ -1,37 +1,30 @@
 """The Pallas kernels behind the op (`pallas_kernels.power_retention`, degree 2): this file is their only importer.
 
 It converts RetentionState to and from the kernels' expanded state (expanded_state.py) around the chunked kernels,
-and runs a decode step as `chunk_step` with the kernel's pass over S in place of XLA's; that pass's gradient is the
-XLA pass's (`xla_state_pass`, under `jax.custom_vjp`), so the step differentiates like the XLA step.
+turns log_g and segment_ids into the kernels' per-chunk gates (`kernel_gates`, the reset contract), and runs a decode
+step as `chunk_step` with the kernel's pass over S in place of XLA's; that pass's gradient is the XLA pass's
+(`xla_state_pass`, under `jax.custom_vjp`), so the step differentiates like the XLA step. Under a mesh, op.py runs
+these through `pallas_mesh.py` (a shard_map over the batch and heads).
 """
 
 from functools import partial
 
 import jax
+import jax.numpy as jnp
+from einops import rearrange
 
 import pallas_kernels.power_retention as kernels
 from pallas_kernels.power_retention import BlockSizes
 from retention.ops.power_retention.expanded_state import from_expanded, to_expanded
-from retention.ops.power_retention.gates import LOG_G_ZERO
+from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.recurrent import chunk_step, xla_state_pass
 from retention.ops.power_retention.state import RetentionState
-from retention.validation import concrete
 
 
 def check_pallas(deg: int, d: int, g: int, chunk: int | None = None, backend: str | None = None) -> None:
     """Raise NotImplementedError or ValueError for what the kernels of `backend` (None: the default device's) do
     not support: degree `deg`, head dim d, g query heads per kv-head, chunk size `chunk` (None: not chunked)."""
     kernels.check_supported(deg, d, g, kernels.resolve_backend(backend), chunk)
-
-
-def check_resets(log_g, segment_ids) -> None:
-    """Until the kernels take the reset contract's F and R (`gates.chunk_gates`): NotImplementedError for
-    segment_ids, and for -inf gates where log_g's values are known (traced ones cannot be seen here)."""
-    if segment_ids is not None:
-        raise NotImplementedError("impl='pallas' does not take segment_ids yet; use impl='xla' (or 'auto')")
-    values = None if log_g is None else concrete(log_g)
-    if values is not None and (values <= LOG_G_ZERO).any():
-        raise NotImplementedError(f"impl='pallas' does not take log_g <= {LOG_G_ZERO} (a reset) yet; use impl='xla'")
 
 
 def pallas_supports(deg: int, d: int, g: int, chunk: int | None = None, backend: str | None = None) -> bool:
@@ -41,6 +34,23 @@ def pallas_supports(deg: int, d: int, g: int, chunk: int | None = None, backend:
     except (NotImplementedError, ValueError):
         return False
     return True
+
+
+def interpreted(impl: str) -> bool:
+    """Whether `impl` runs the kernels in interpret mode ("pallas" on CPU). A shard_map around such kernels must
+    run with check_vma=False: in JAX 0.11.2 the interpreter slices each (varying) input by invariant grid indices,
+    which the varying-axes check rejects (on GPU and TPU the kernels type their outputs, pallas_kernels/vma.py)."""
+    return impl == "pallas" and kernels.resolve_interpret(None)
+
+
+def kernel_gates(k, v, log_g, segment_ids, chunk: int):
+    """The reset contract's gates (`gates.chunk_gates`, the one preprocessing every path shares) in the kernels'
+    layout: (k, v [B, T, H, d] with their non-finite tokens zeroed, F, R [B, T, H] float32 per chunk of `chunk`
+    tokens). log_g [B, T, H] or None, segment_ids [B, T] int or None."""
+    T = k.shape[1]
+    gates = chunk_gates(k, v, log_g, segment_ids, chunk_size=chunk)
+    tokens = lambda x: rearrange(x, "B N H c -> B (N c) H")[:, :T].astype(jnp.float32)
+    return gates.k, gates.v, tokens(gates.F), tokens(gates.R)
 
 
 def chunked_pallas(
@@ -53,27 +63,33 @@ def chunked_pallas(
     segment_ids=None,
     deg: int,
     scale: float,
-    chunk_size: int,
+    chunk_size: int | None,
     backend: str | None = None,
     interpret: bool | None = None,
     block_sizes: BlockSizes | None = None,
 ):
-    """`power_retention_chunked` on the kernels: (y in v's dtype, the final state), shapes as `power_retention`'s.
-    Inputs validated by the op; `backend` ('gpu' or 'tpu', None: the default device's), `interpret` (None: on CPU)
-    and `block_sizes` (None: the backend's defaults) as in the kernels."""
-    Hq, d = q.shape[2:]
-    check_pallas(deg, d, Hq // k.shape[2], chunk_size, backend)
-    check_resets(log_g, segment_ids)
+    """`power_retention_chunked` on the kernels: (y in v's dtype, the final state), shapes as `power_retention`'s,
+    segment_ids [B, T] int or None (a new document resets the state, see `kernel_gates`). Inputs validated by the
+    op; `chunk_size` None takes the kernels' (BlockSizes.chunk, `kernels.chunk_for`); `backend` ('gpu' or 'tpu',
+    None: the default device's), `interpret` (None: on CPU) and `block_sizes` (None: the backend's defaults, tuned
+    where `gpu_check` wrote them) as in the kernels."""
+    B, T, Hq, d = q.shape
+    H = k.shape[2]
+    blocks = block_sizes or kernels.default_block_sizes(kernels.resolve_backend(backend), d)
+    chunk = chunk_size or kernels.chunk_for(T, blocks)
+    check_pallas(deg, d, Hq // H, chunk, backend)
+    k, v, F, R = kernel_gates(k, v, log_g, segment_ids, chunk)
     y, S_exp, Z = kernels.chunked_retention(
         q,
         k,
         v,
-        log_g,
+        F,
+        R,
         *to_expanded(state),
         scale=scale,
-        chunk_size=chunk_size,
+        chunk_size=chunk,
         interpret=interpret,
-        block_sizes=block_sizes,
+        block_sizes=blocks,
         backend=backend,
     )
     return y, from_expanded(S_exp, Z)
@@ -117,7 +133,6 @@ def step_pallas(
     `power_retention_step`'s. Inputs validated by the op; `backend`, `interpret`, `block_sizes` as in
     `chunked_pallas`."""
     check_pallas(deg, q.shape[-1], q.shape[2] // k.shape[2], None, backend)
-    check_resets(log_g, segment_ids)
     options = (kernels.matmul_precision(q.dtype), backend, interpret, block_sizes)
     state_pass = lambda *args: _kernel_state_pass(*args, options)
-    return chunk_step(state, q, k, v, log_g, deg=deg, scale=scale, state_pass=state_pass)
+    return chunk_step(state, q, k, v, log_g, segment_ids=segment_ids, deg=deg, scale=scale, state_pass=state_pass)

@@ -1,0 +1,70 @@
+"""A 2-layer PA model's forward and backward with the kernels (retention_impl="pallas", bf16), lowered from this CPU
+machine with `jax.export` under an abstract 8-device mesh: TPU (Mosaic) and H200 (Triton), data (8,1,1) and fsdp
+(1,8,1), head dims 64 and 128. `lowering_for` targets the kernels at the platform (no interpret mode; the attention
+layer takes splash on TPU through impl="auto", blockwise on the H200: cuDNN's lowering asks for a GPU); the ops run
+them inside a shard_map over the batch (before this, lowering failed: Mosaic kernels cannot be automatically
+partitioned)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import pallas_kernels.power_retention as kernels
+from retention.nn import LM
+from retention.nn.model import LMConfig
+from retention.parallel.sharding import fsdp_spec
+
+DEVICES = {"tpu": ("TPU v5 lite", "tpu", "tpu_custom_call"), "cuda": ("NVIDIA H200", "cuda", "__gpu$xla.gpu.triton")}
+TRITON = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+
+
+def _exported(platform: str, shape: tuple[int, int, int], d: int):
+    kind, device_platform, _ = DEVICES[platform]
+    device = AbstractDevice(device_kind=kind, num_cores=None, platform=device_platform)
+    mesh = AbstractMesh(shape, ("data", "fsdp", "sequence"), axis_types=(AxisType.Auto,) * 3, abstract_device=device)
+    config = LMConfig(
+        vocab_size=64,
+        d_model=2 * d,
+        n_layers=2,
+        pattern="PA",
+        n_heads=2,
+        n_kv_heads=2,
+        head_dim=d,
+        chunk_size=128,
+        retention_impl="pallas",
+        attention_impl="auto" if platform == "tpu" else "xla",  # cuDNN does not lower without a GPU ("not detected")
+        dtype="bfloat16",
+    )
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0))))
+    placed = lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, fsdp_spec(x.shape, shape[1]))
+    )
+    params = jax.tree.map(placed, params)
+    tokens = jax.ShapeDtypeStruct((8, 256), jnp.int32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
+    loss = lambda params, tokens: nnx.merge(graphdef, params)(tokens).astype(jnp.float32).mean()
+    step = jax.jit(jax.value_and_grad(loss))
+    target = kernels.lowering_for("tpu" if platform == "tpu" else "gpu")
+    with jax.enable_x64(False), jax.sharding.use_abstract_mesh(mesh), target:  # x64: see attention/splash.py
+        return jax.export.export(step, platforms=[platform], disabled_checks=[TRITON])(params, tokens)
+
+
+CASES = [("tpu", (8, 1, 1), 64), ("tpu", (1, 8, 1), 64), ("tpu", (8, 1, 1), 128), ("tpu", (1, 8, 1), 128)]
+CASES += [("cuda", (8, 1, 1), 64), ("cuda", (1, 8, 1), 128)]
+
+
+@pytest.mark.parametrize("platform,shape,d", CASES)
+def test_lm_with_kernels_lowers_under_mesh(platform, shape, d):
+    exported = _exported(platform, shape, d)
+    module = exported.mlir_module()
+    assert exported.nr_devices == 8
+    assert DEVICES[platform][2] in module  # the kernels themselves, not an interpreted copy
+    assert "sdy.manual_computation" in module  # inside the shard_map
+
+
+def test_lowering_for_names_its_backend():
+    with pytest.raises(ValueError, match="backend"):
+        with kernels.lowering_for("cuda"):
+            pass
