@@ -11,7 +11,8 @@ Under a mesh whose "sequence" axis splits the tokens (`jax.set_mesh`, as the tra
 runs the context-parallel ops (`power_retention_context_parallel`, `softmax_attention_context_parallel`); the
 results are the same.
 A retention cache is a RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any length); an
-attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window).
+attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window), or
+with `kv_cache_bits` (8 or 4) a QuantizedKVCache of the same slots (retention/ops/attention/quantized.py).
 """
 
 import jax
@@ -38,7 +39,14 @@ from retention.ops import (
     softmax_attention_context_parallel,
     softmax_attention_step,
 )
-from retention.ops.attention import check_window
+from retention.ops.attention import (
+    QuantizedKVCache,
+    check_window,
+    fill_quantized_kv_cache,
+    init_quantized_kv_cache,
+    softmax_attention_step_quantized,
+)
+from retention.ops.attention.quantized import DEFAULT_GROUP, check_quantization
 from retention.validation import check_choice, check_int
 
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
@@ -145,7 +153,9 @@ class PowerRetention(nnx.Module):
 class Attention(nnx.Module):
     """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
     (GQA), optional RoPE, the softmax op, and the output projection. `impl` is the full-sequence op's (one of
-    ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each."""
+    ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each. `kv_cache_bits`
+    (None, 8 or 4): the decode cache's keys and values in float (None) or quantized (int8 / 4-bit, a bfloat16
+    scale per 16 values); prefill runs in float and stores the prompt quantized."""
 
     def __init__(
         self,
@@ -157,6 +167,7 @@ class Attention(nnx.Module):
         window: int | None = None,
         rope_base: float | None = 10000.0,
         impl: str = "auto",
+        kv_cache_bits: int | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
@@ -166,6 +177,9 @@ class Attention(nnx.Module):
         check_rope_base(rope_base, head_dim)
         check_window(window)
         check_choice("impl", impl, ATTENTION_IMPLS)
+        if kv_cache_bits is not None:
+            check_quantization(head_dim, kv_cache_bits, DEFAULT_GROUP)
+        self.kv_cache_bits = kv_cache_bits
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.window, self.rope_base, self.impl = window, rope_base, impl
         linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -198,7 +212,8 @@ class Attention(nnx.Module):
             return self._out(softmax_attention_context_parallel(q, k, v, window=self.window)), None
         if cache is None:
             return self._out(softmax_attention(q, k, v, window=self.window, impl=self.impl)), None
-        y, cache = softmax_attention_step(cache, q, k, v, window=self.window)
+        step = softmax_attention_step_quantized if isinstance(cache, QuantizedKVCache) else softmax_attention_step
+        y, cache = step(cache, q, k, v, window=self.window)
         return self._out(y), cache
 
     def prefill(
@@ -212,6 +227,8 @@ class Attention(nnx.Module):
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
         q, k, v = self._project(x_BTD, positions)
         y = softmax_attention(q, k, v, window=self.window, impl=self.impl)
+        if isinstance(cache, QuantizedKVCache):
+            return self._out(y), fill_quantized_kv_cache(cache, k, v)
         kept = min(T, L)
         pos = jnp.arange(T - kept, T, dtype=jnp.int32)
         cache = KVCache(
@@ -228,4 +245,6 @@ class Attention(nnx.Module):
         check_int("max_len", max_len)
         check_int("step_tokens", step_tokens)
         slots = max_len if self.window is None else self.window + step_tokens - 1
+        if self.kv_cache_bits is not None:
+            return init_quantized_kv_cache(batch, self.kv_heads, self.head_dim, slots, self.kv_cache_bits)
         return init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)
