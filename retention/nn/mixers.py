@@ -46,7 +46,7 @@ from retention.ops.attention import (
     init_quantized_kv_cache,
     softmax_attention_step_quantized,
 )
-from retention.ops.attention.quantized import DEFAULT_GROUP, check_quantization
+from retention.ops.attention.quantized import check_quantization, default_group
 from retention.validation import check_choice, check_int
 
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
@@ -155,7 +155,7 @@ class Attention(nnx.Module):
     (GQA), optional RoPE, the softmax op, and the output projection. `impl` is the full-sequence op's (one of
     ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each. `kv_cache_bits`
     (None, 8 or 4): the decode cache's keys and values in float (None) or quantized (int8 / 4-bit, a bfloat16
-    scale per 16 values); prefill runs in float and stores the prompt quantized."""
+    scale per 16 values, or per gcd(16, head_dim)); prefill runs in float and stores the prompt quantized."""
 
     def __init__(
         self,
@@ -178,7 +178,7 @@ class Attention(nnx.Module):
         check_window(window)
         check_choice("impl", impl, ATTENTION_IMPLS)
         if kv_cache_bits is not None:
-            check_quantization(head_dim, kv_cache_bits, DEFAULT_GROUP)
+            check_quantization(head_dim, kv_cache_bits, default_group(head_dim))
         self.kv_cache_bits = kv_cache_bits
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.window, self.rope_base, self.impl = window, rope_base, impl
@@ -246,5 +246,6 @@ class Attention(nnx.Module):
         check_int("step_tokens", step_tokens)
         slots = max_len if self.window is None else self.window + step_tokens - 1
         if self.kv_cache_bits is not None:
-            return init_quantized_kv_cache(batch, self.kv_heads, self.head_dim, slots, self.kv_cache_bits)
+            group = default_group(self.head_dim)
+            return init_quantized_kv_cache(batch, self.kv_heads, self.head_dim, slots, self.kv_cache_bits, group)
         return init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)

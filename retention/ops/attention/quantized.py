@@ -12,6 +12,7 @@ tokens in one step equal n steps of one), then writes them. It dequantizes the c
 the float cache's size each step; the stored bytes are the quantized ones.
 """
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -38,6 +39,12 @@ class QuantizedKVCache(NamedTuple):
     v_scale: Float[Array, "B H L groups"]
     pos: Int[Array, " L"]
     length: Int[Array, ""]
+
+
+def default_group(head_dim: int) -> int:
+    """Values per scale for a head dim: 16, or the largest divisor of head_dim among 1, 2, 4, 8 when 16 does not
+    divide it."""
+    return math.gcd(DEFAULT_GROUP, head_dim)
 
 
 def check_quantization(head_dim: int, bits: int, group: int) -> None:
