@@ -20,7 +20,17 @@ from experiments.compare.evaluate import evaluate_run
 from experiments.compare.models import compose_config, config_yaml, entry_overrides, lm_cache_bytes, matched_window
 from experiments.compare.presets import Preset
 from experiments.compare.protocol import Run, best_lr, in_part, seeds_of, selected, sweep_runs, trained_entry
-from experiments.compare.runs import CONFIG, METRICS, RECORD, SUMMARY, TEST, read_json, selection_value, write_json
+from experiments.compare.runs import (
+    CONFIG,
+    METRICS,
+    RECORD,
+    SUMMARY,
+    TEST,
+    read_json,
+    selection_value,
+    timed,
+    write_json,
+)
 from retention.train import train
 
 log = logging.getLogger(__name__)
@@ -64,10 +74,11 @@ def train_run(preset: Preset, run: Run, runs: Path) -> dict:
     (folder / CONFIG).write_text(config_yaml(cfg))
     record = {**run.fields(), "overrides": overrides, "command": train_command(overrides, folder)}
     write_json(folder / RECORD, record)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with run_log(folder / "train.log"):
         summary = train(cfg, str(folder))
-    write_json(folder / RECORD, {**record, "wall_s": time.perf_counter() - start})
+    seconds = {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}  # cpu: all threads
+    write_json(folder / RECORD, {**record, **seconds})
     return summary
 
 
@@ -139,8 +150,9 @@ def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, 
             for i, r in enumerate(jobs)
             if in_part(part_key(stage, i, r), part) and selected(only or {}, stage=stage, task=r.task, entry=r.entry)
         ]
-        for run in tqdm(mine, desc=stage, unit="run"):
-            action(preset, run, runs)
+        with timed(runs, stage, len(mine)):
+            for run in tqdm(mine, desc=stage, unit="run"):
+                action(preset, run, runs)
         left[stage] = len(stage_jobs(preset, runs, stage)) - len(mine) if stage != "sweep" else len(jobs) - len(mine)
     return left
 

@@ -31,7 +31,7 @@ from experiments.compare.models import matched_window, without_missing_keys
 from experiments.compare.presets import PRESETS
 from experiments.compare.protocol import parse_only, parse_part
 from experiments.compare.quality import collect, run_stages
-from experiments.compare.runs import read_json, write_json
+from experiments.compare.runs import read_json, timed, write_json
 from experiments.compare.speed import measure_speed
 from experiments.report import write_report
 
@@ -90,7 +90,8 @@ def main(argv=None):
         done = (read_json(data / "speed.json") or {}).get("results")
         speed_meta = {**meta, "matched_window": matched_window(preset)}
         save = lambda results: write_json(data / "speed.json", {**speed_meta, "results": results})
-        save(measure_speed(preset, done, on_model=save))
+        with timed(runs, "speed", len(preset.speed.models)):
+            save(measure_speed(preset, done, on_model=save))
     if not args.skip_quality:
         if not args.report_only:
             left = run_stages(preset, runs, part, only)

@@ -5,10 +5,12 @@ trainer issue: eval tags `eval/x{scale}/{metric}`, new summary keys; the data is
 position), this file is what adapts.
 """
 
+import contextlib
 import json
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +125,23 @@ def load_params(cfg: Config, lm: LMConfig, run_dir: Path):
 def eval_sums(model, inputs_BT, targets_BT) -> dict:
     """The trainer's masked sums (nll, correct, labels, exact, rows) of one batch through the full forward."""
     return masked_sums(model(inputs_BT), targets_BT)
+
+
+TIMINGS = "timings.json"  # <runs>/timings.json: seconds and job counts of each stage, summed over calls
+
+
+@contextlib.contextmanager
+def timed(runs: Path, stage: str, jobs: int):
+    """Add the block's wall and CPU seconds (all threads) and `jobs` to `stage` in <runs>/timings.json, so a
+    preset's time can be estimated from what its parts took (experiments/compare/estimate.py)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        path = runs / TIMINGS
+        runs.mkdir(parents=True, exist_ok=True)
+        all_stages = read_json(path) or {}
+        old = all_stages.get(stage, {"jobs": 0, "wall_s": 0.0, "cpu_s": 0.0})
+        wall, used = time.perf_counter() - start, time.process_time() - cpu
+        all_stages[stage] = {"jobs": old["jobs"] + jobs, "wall_s": old["wall_s"] + wall, "cpu_s": old["cpu_s"] + used}
+        write_json(path, all_stages)
