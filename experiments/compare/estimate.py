@@ -1,7 +1,7 @@
-"""How long a preset takes on this machine, from what measured runs took: a line `seconds = overhead + tokens /
-rate` fitted to the training runs found under the given runs folders (compare.json's wall or CPU seconds,
-config.yaml's tokens), the test stage's seconds per job and the speed sweep's seconds (<runs>/timings.json),
-applied to the preset's job list.
+"""How long a preset takes on this machine, from what measured runs took: each task's mean seconds a training run
+over the runs found under the given runs folders at that task's tokens (compare.json's wall or CPU seconds,
+config.yaml's tokens), else a line `seconds = overhead + tokens / rate` fitted to all of them; the test stage's
+seconds a job and the speed sweep's seconds (<runs>/timings.json); applied to the preset's job list.
 
     python -m experiments.compare.estimate --preset cpu --measured outputs/compare/cpu outputs/compare/smoke
 
@@ -22,8 +22,8 @@ from experiments.compare.quality import run_overrides
 from experiments.compare.runs import CONFIG, RECORD, TIMINGS, read_json
 
 
-def measured_runs(folders: list[Path], key: str) -> list[tuple[int, float]]:
-    """(tokens trained, seconds) of every finished training run under `folders`."""
+def measured_runs(folders: list[Path], key: str) -> list[tuple[str, int, float]]:
+    """(task, tokens trained, seconds) of every finished training run under `folders`."""
     out = []
     for folder in folders:
         for record_path in folder.rglob(RECORD):
@@ -31,7 +31,8 @@ def measured_runs(folders: list[Path], key: str) -> list[tuple[int, float]]:
             if key not in record or not (record_path.parent / CONFIG).exists():
                 continue
             cfg = OmegaConf.load(record_path.parent / CONFIG)
-            out.append((cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len, float(record[key])))
+            tokens = cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len
+            out.append((record.get("task"), tokens, float(record[key])))
     return out
 
 
@@ -71,13 +72,19 @@ def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s") -> dict:
     """The preset's estimated seconds per stage from the runs measured under `folders` (keys other issues add are
     left out while missing: they change no sizes)."""
     preset, _ = without_missing_keys(preset)
-    overhead, per_token = fit(measured_runs(folders, key))
+    measured = measured_runs(folders, key)
+    overhead, per_token = fit([(n, sec) for _, n, sec in measured])
     tokens = {}
     for task in preset.tasks:
         cfg = compose_config(run_overrides(preset, Run(task, preset.headline[0], 1e-3, 0)))
         tokens[task] = cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len
+    # A task's measured runs at this preset's tokens give its seconds a run; other tasks take the fitted line.
+    per_run = {}
+    for task, n in tokens.items():
+        same = [sec for t, m, sec in measured if t == task and m == n]
+        per_run[task] = sum(same) / len(same) if same else overhead + per_token * n
     jobs = trained_jobs(preset)
-    train_s = sum(overhead + per_token * tokens[r.task] for r in jobs)
+    train_s = sum(per_run[r.task] for r in jobs)
     timings = [read_json(f / TIMINGS) or {} for f in folders]
     test = [t["test"] for t in timings if t.get("test", {}).get("jobs")]
     test_per_job = sum(t[key] for t in test) / sum(t["jobs"] for t in test) if test else None
@@ -87,6 +94,7 @@ def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s") -> dict:
         "tokens_per_s": 1 / per_token,
         "trained_runs": len(jobs),
         "tokens_per_run": tokens,
+        "seconds_per_run": per_run,
         "train_s": train_s,
         "test_jobs": eval_job_count(preset),
         "test_s": None if test_per_job is None else test_per_job * eval_job_count(preset),

@@ -26,7 +26,7 @@ def test_smoke_job_counts():
 
 def made_up_run(folder, steps: int, batch: int, seq_len: int, cpu_s: float) -> None:
     folder.mkdir(parents=True)
-    (folder / "compare.json").write_text(json.dumps({"cpu_s": cpu_s, "wall_s": 2 * cpu_s}))
+    (folder / "compare.json").write_text(json.dumps({"task": "mqar", "cpu_s": cpu_s, "wall_s": 2 * cpu_s}))
     cfg = {"trainer": {"steps": steps}, "data": {"batch_size": batch, "seq_len": seq_len}}
     OmegaConf.save(OmegaConf.create(cfg), folder / "config.yaml")
 
@@ -46,3 +46,5 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
     assert out["train_s"] == pytest.approx(11 * (2.0 + tokens / 1280))
     assert out["test_s"] == pytest.approx(9 * 30.0) and out["speed_s"] is None
     assert out["total_s"] == pytest.approx(out["train_s"] + out["test_s"])
+    made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
+    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(11 * 7.0)
