@@ -87,6 +87,8 @@ class Results:
 
     def cell(self, task: str, entry: str, length: int) -> Cell:
         """The test metric at `length` over the entry's seeds at its best lr (a note when skipped or pending)."""
+        if entry not in self.tasks[task].get("entries", [entry]):
+            return Cell(note="not run on this task")
         if self.best_lr(task, entry) is None:
             return Cell(note="pending (lr sweep)")
         metric, values, notes = self.metric(task), [], set()

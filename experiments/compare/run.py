@@ -4,6 +4,8 @@ and over seeds (experiments/compare/protocol.py), with ablations and the recall-
 
     python -m experiments.compare.run --preset cpu                # this 2-core machine -> results/REPORT.md
     python -m experiments.compare.run --preset cpu --part 2/4     # a quarter of each stage's jobs (resumable)
+    for k in 1 2 3; do python -m experiments.compare.run --preset cpu --part $k/3; done  # parts one after another,
+    python -m experiments.compare.run --preset cpu                # then the seeds and tests the sweeps unlocked
     python -m experiments.compare.run --preset cpu --only task=mqar --skip-speed
     python -m experiments.compare.run --preset gpu_small          # one H200 in one call (under 10 minutes)
     python -m experiments.compare.run --preset gpu                # the full comparison on one H100/H200
@@ -54,7 +56,9 @@ def parse_args(argv=None):
     parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
     parser.add_argument("--data", help="folder for speed.json, quality.json and the plots (results/compare/<preset>)")
     parser.add_argument("--runs", help="folder for the training runs (outputs/compare/<preset>)")
-    parser.add_argument("--report", help="the Markdown report (results/REPORT.md for cpu, else <data>/REPORT.md)")
+    parser.add_argument(
+        "--report", help="the Markdown report (results/REPORT.md for cpu without --data, else <data>/REPORT.md)"
+    )
     parser.add_argument("--part", default="1/1", help="k/n: this call runs every n-th job of each stage")
     parser.add_argument("--only", action="append", default=[], help="filter: task=..., entry=..., stage=...")
     parser.add_argument("--skip-speed", action="store_true")
@@ -74,7 +78,8 @@ def main(argv=None):
     preset, part, only = PRESETS[args.preset], parse_part(args.part), parse_only(args.only)
     data = Path(args.data or f"results/compare/{preset.name}")
     runs = Path(args.runs or f"outputs/compare/{preset.name}")
-    report = Path(args.report or ("results/REPORT.md" if preset.name == "cpu" else data / "REPORT.md"))
+    default_report = "results/REPORT.md" if preset.name == "cpu" and not args.data else data / "REPORT.md"
+    report = Path(args.report or default_report)
     data.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)  # the console: warnings; each run's train.log: INFO (quality.py)
     logging.getLogger().setLevel(logging.INFO)

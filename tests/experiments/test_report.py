@@ -161,6 +161,8 @@ def test_cells_are_means_and_ranges_over_the_best_lr_seeds(tmp_path):
     assert res.cell("mqar", "softmax", 4096).text() == "not run: time"
     assert res.cell("mqar", "softmax_kv4", 4096).text() == "-"  # evaluated at the training length only
     assert Cell().text() == "pending"
+    res.tasks["mqar"]["entries"].remove("power_nogate")  # a task that leaves an entry out says so
+    assert res.cell("mqar", "power_nogate", 64).text() == "not run on this task"
 
 
 def test_report_tables(report):
