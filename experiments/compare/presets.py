@@ -255,12 +255,14 @@ CPU = Preset(
         **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
     },
 )
-# Sized from measured seconds (python -m experiments.compare.estimate, 2026-12-01, 2 shared cores): a training run
-# took 18-27 CPU s (mqar, softmax / power), 23-24 (passkey), 31-33 (text at 100 steps and 5 eval lengths), mostly
-# compilation; a test eval 18. 73 trained runs (mqar: 5 headline entries x (3 lrs + 2 seeds) + 6 ablations x 3
-# lrs + 2 frontier entries x 3 lrs = 49; passkey and text: 4 x 3 lrs each) ~1,550 CPU s, 37 test evals ~550,
-# the speed sweep (3 models at 1k and 64k) ~250: about 39 CPU minutes, at most that on 2 idle cores.
-CPU_ESTIMATE = "about 35-39 minutes on 2 idle cores (39 CPU minutes; python -m experiments.compare.estimate)"
+# Sized from measured seconds (python -m experiments.compare.estimate --preset cpu --measured <runs>, 2026-12-01,
+# 2 shared cores): a training run took 18-27 CPU s (mqar, softmax / power), 23-24 (passkey), 31-33 (text at 100
+# steps and 5 eval lengths), mostly compilation; a test eval 18 (4 batches, 64k). 73 trained runs (mqar: 5
+# headline entries x (3 lrs + 2 seeds) + 6 ablations x 3 lrs + 2 frontier entries x 3 lrs = 49; passkey and text:
+# 4 x 3 lrs each): 1,690 CPU s; 37 test evals: 680; the speed sweep ~250 (not measured to the end: its first
+# model had used 181 CPU s at 4 lengths). About 43 CPU minutes before the last cuts (trainer eval at 1x, 2 test
+# batches, 64k for the headline, speed at 2 lengths), 35-40 after; wall on 2 idle cores at most the CPU seconds.
+CPU_ESTIMATE = "about 35-40 minutes on 2 idle cores (from measured CPU seconds; python -m experiments.compare.estimate)"
 
 GPU_MODEL = (
     "model.n_layers=8",
