@@ -1,5 +1,5 @@
-"""Human-readable sizes for the benchmarks' tables: bytes (512 B, 145 KiB, 32.4 MiB, 1.8 GiB) and token counts
-(256, 1.5k, 64k, 1M)."""
+"""Human-readable sizes and tables for the benchmarks: bytes (512 B, 145 KiB, 32.4 MiB, 1.8 GiB), token counts
+(256, 1.5k, 64k, 1M), ratios (0.52x, 94x) and Markdown tables."""
 
 
 def human_bytes(n: float) -> str:
@@ -20,3 +20,14 @@ def tokens(n: int) -> str:
     if n >= 2**10:
         return f"{n / 2**10:g}k"
     return str(n)
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; every column after the first right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def times(ratio: float) -> str:
+    """A ratio as 0.52x, 6.7x or 94x."""
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"

@@ -1,7 +1,10 @@
-"""The compared models as trainer configs: Hydra composes `configs/` with a preset's overrides, exactly as
-`train.py` would, and `swa_matched` gets the window whose KV cache holds the bytes of the power model's state.
+"""The compared entries as trainer configs: Hydra composes `configs/` with a preset's overrides, exactly as `train.py`
+would, and an entry with `matched_window` gets the window whose KV cache holds the bytes of the power model's decode
+state on that task (the same layers, heads, head dim and parts).
 """
 
+import dataclasses
+from functools import cache
 from pathlib import Path
 
 from flax import nnx
@@ -9,10 +12,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.cache_memory import sequence_cache_bytes
-from experiments.compare.presets import MODELS, Preset
+from experiments.compare.presets import PENDING_KEYS, Preset
 from retention.nn import LM
 from retention.train import register_configs
-from retention.train.config import Config, make_lm_config
+from retention.train.config import Config, ModelConfig, make_lm_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 register_configs()
@@ -21,27 +24,69 @@ register_configs()
 def compose_config(overrides: list[str]) -> Config:
     """The typed trainer Config of configs/config.yaml with `overrides` (Hydra's override syntax)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+        return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 
 
-def lm_cache_bytes(cfg: Config, length: int, vocab_size: int = 256) -> int:
-    """Decode-cache bytes of one sequence at `length` tokens for cfg's model (shapes only, nothing allocated)."""
-    model = nnx.eval_shape(lambda: LM(make_lm_config(cfg.model, vocab_size), rngs=nnx.Rngs(0)))
+def config_yaml(cfg: Config) -> str:
+    """The resolved config as YAML (what each run folder keeps beside its results)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def lm_cache_bytes(cfg: Config, length: int) -> int:
+    """Decode-cache bytes of one sequence at `length` tokens for cfg's model (shapes only, nothing allocated; the
+    caches do not depend on the vocabulary)."""
+    model = nnx.eval_shape(lambda: LM(make_lm_config(cfg.model, 256), rngs=nnx.Rngs(0)))
     return sequence_cache_bytes(model, length)
 
 
-def matched_window(preset: Preset) -> int:
-    """The sliding window (tokens) whose KV cache has the bytes of the power model's state, rounded down."""
-    power = compose_config(["model=power", *preset.model])
-    softmax = compose_config(["model=softmax", *preset.model])
-    state = lm_cache_bytes(power, 1)
+@cache
+def _matched_window(overrides: tuple[str, ...]) -> int:
+    power = compose_config(["model=power", *overrides])
+    softmax = compose_config(["model=softmax", *overrides])
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
-    return state // per_token
+    fixed = lm_cache_bytes(softmax, 1) - per_token  # what does not grow: a convolution's inputs, the length
+    return (lm_cache_bytes(power, 1) - fixed) // per_token
 
 
-def model_overrides(name: str, preset: Preset, window: int) -> list[str]:
-    """Overrides that select model `name` of the preset (`window`: swa_matched's, from matched_window)."""
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {tuple(MODELS)}, got {name!r}")
-    extra = [f"model.name={name}", f"model.window={window}"] if name == "swa_matched" else []
-    return [f"model={MODELS[name]}", *preset.model, *extra]
+def matched_window(preset: Preset, task: str | None = None) -> int:
+    """The sliding window (tokens) whose KV cache has the bytes of the power model's state, rounded down, for the
+    models of `task` (None: the preset's shared model overrides, as the speed sweep runs them)."""
+    extra = () if task is None else preset.tasks[task].model_overrides("power")
+    return _matched_window((*preset.model, *extra))
+
+
+def entry_overrides(name: str, preset: Preset, task: str | None = None) -> list[str]:
+    """The model overrides of entry `name` on `task` (None: the speed sweep's models): its group, the preset's
+    shared overrides, the task's, the entry's own, and for a matched window its window."""
+    if name not in preset.entries:
+        raise ValueError(f"entry must be one of {tuple(preset.entries)}, got {name!r}")
+    entry = preset.entries[name]
+    if not entry.trained:
+        bits = [f"model.kv_cache_bits={entry.kv_cache_bits}", f"model.name={name}"]
+        return [*entry_overrides(entry.base, preset, task), *bits]
+    extra = () if task is None else preset.tasks[task].model_overrides(name)
+    window = [f"model.window={matched_window(preset, task)}"] if entry.matched_window else []
+    return [f"model={entry.group}", *preset.model, *extra, *entry.overrides, f"model.name={name}", *window]
+
+
+def missing_keys(overrides: list[str]) -> list[str]:
+    """The PENDING_KEYS these overrides set that the trainer's model schema does not have yet (other issues add
+    them); composing such overrides fails until they land."""
+    fields = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
+    used = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return sorted(k for k in PENDING_KEYS if k in used and k not in fields)
+
+
+def without_missing_keys(preset: Preset) -> tuple[Preset, list[str]]:
+    """(the preset with every override of a PENDING_KEYS key the schema lacks removed, those keys): a preset can
+    then run, at the same sizes and with the same jobs, before the issue adding the keys is merged (to time it).
+    An entry whose only change was such a key repeats its base's config."""
+    keys = set(missing_keys([*PENDING_KEYS]))
+    strip = lambda overrides: tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys)
+    entries = {name: dataclasses.replace(e, overrides=strip(e.overrides)) for name, e in preset.entries.items()}
+    tasks = {
+        name: dataclasses.replace(t, models={k: strip(v) for k, v in t.models.items()})
+        for name, t in preset.tasks.items()
+    }
+    stripped = dataclasses.replace(preset, model=strip(preset.model), entries=entries, tasks=tasks)
+    return stripped, sorted(keys)

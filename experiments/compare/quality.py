@@ -1,20 +1,39 @@
-"""Quality of the compared models: each trained with the trainer on each task of a preset, per seed, and
-evaluated at 1x, 4x and 16x its training length. Every run writes under `<runs>/<task>/<model>/seed<k>/` (its
-TensorBoard events in tb/, so `tensorboard --logdir <runs>` shows the whole comparison), and a finished run is
-not redone: its summary.json is read back, so an interrupted comparison resumes where it stopped.
+"""Quality of the compared entries: the protocol's stages (experiments/compare/protocol.py) run with the trainer.
+
+Every run writes under `<runs>/<task>/<entry>/lr<lr>/seed<k>/`: the trainer's files (TensorBoard events in tb/, so
+`tensorboard --logdir <runs>` shows the whole comparison; checkpoints; summary.json), config.yaml (the resolved
+config), compare.json (the run's overrides, the exact `python train.py ...` command that repeats it, wall seconds)
+and, at the best learning rate, test.json (the test eval). A finished run is never redone, so an interrupted
+comparison resumes where it stopped; `collect` gathers every run's files into quality.json for the report.
 """
 
 import contextlib
-import json
 import logging
+import shlex
 import time
+import zlib
 from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.compare.models import compose_config, model_overrides
+from experiments.compare.evaluate import evaluate_run
+from experiments.compare.models import compose_config, config_yaml, entry_overrides, lm_cache_bytes, matched_window
 from experiments.compare.presets import Preset
+from experiments.compare.protocol import Run, best_lr, in_part, seeds_of, selected, sweep_runs, trained_entry
+from experiments.compare.runs import (
+    CONFIG,
+    METRICS,
+    RECORD,
+    SUMMARY,
+    TEST,
+    read_json,
+    selection_value,
+    timed,
+    write_json,
+)
 from retention.train import train
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -32,32 +51,150 @@ def run_log(path: Path):
         handler.close()
 
 
-def run_dir(runs: Path, task: str, model: str, seed: int) -> Path:
-    """The folder of one training run of the comparison."""
-    return runs / task / model / f"seed{seed}"
+def run_overrides(preset: Preset, run: Run) -> list[str]:
+    """Every override of the run, in train.py's syntax: the entry's model, the task's data and trainer, lr, seed."""
+    spec = preset.tasks[run.task]
+    model = entry_overrides(run.entry, preset, run.task)
+    return [*model, f"data={spec.data}", *spec.overrides, f"optim.lr={run.lr:g}", f"seed={run.seed}"]
 
 
-def measure_quality(preset: Preset, window: int, runs: Path) -> dict:
-    """{task: {model: {seed: summary.json of the run, plus its wall seconds}}}."""
-    results = {}
-    jobs = [(task, model, seed) for task in preset.tasks for model in preset.models for seed in preset.seeds]
-    bar = tqdm(jobs, desc="quality runs", unit="run")
-    for task, model, seed in bar:
-        bar.set_postfix(task=task, model=model, seed=seed)
-        folder = run_dir(runs, task, model, seed)
-        done = folder / "summary.json"
-        if done.exists():
-            summary = json.loads(done.read_text())
-        else:
-            spec = preset.tasks[task]
-            model_args = [*model_overrides(model, preset, window), *spec.model_overrides(model)]
-            run_args = [f"data={spec.data}", *spec.overrides, f"seed={seed}", f"trainer.peak_flops={preset.peak_flops}"]
-            cfg = compose_config([*model_args, *run_args])
-            start = time.perf_counter()
-            with run_log(folder / "train.log"):
-                summary = train(cfg, str(folder))
-            summary["wall_s"] = time.perf_counter() - start
-            summary["tokens_per_step"] = cfg.data.batch_size * cfg.data.seq_len
-            done.write_text(json.dumps(summary, indent=2))
-        results.setdefault(task, {}).setdefault(model, {})[str(seed)] = summary
-    return results
+def train_command(overrides: list[str], folder: Path) -> str:
+    """The command that repeats the run by hand."""
+    return shlex.join(["python", "train.py", *overrides, f"hydra.run.dir={folder}"])
+
+
+def train_run(preset: Preset, run: Run, runs: Path) -> dict:
+    """Train the run (or read back its summary when finished); returns summary.json."""
+    folder = run.folder(runs)
+    if (summary := read_json(folder / SUMMARY)) is not None:
+        return summary
+    overrides = [*run_overrides(preset, run), f"trainer.peak_flops={preset.peak_flops}"]
+    cfg = compose_config(overrides)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG).write_text(config_yaml(cfg))
+    record = {**run.fields(), "overrides": overrides, "command": train_command(overrides, folder)}
+    write_json(folder / RECORD, record)
+    start, cpu = time.perf_counter(), time.process_time()
+    with run_log(folder / "train.log"):
+        summary = train(cfg, str(folder))
+    seconds = {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu}  # cpu: all threads
+    write_json(folder / RECORD, {**record, **seconds})
+    return summary
+
+
+def lr_choice(preset: Preset, runs: Path, task: str, entry: str) -> float | None:
+    """The entry's best learning rate on `task` from its finished sweep runs, or None while any is unfinished."""
+    spec = preset.tasks[task]
+    values = {}
+    for lr in spec.lrs:
+        summary = read_json(Run(task, entry, lr, spec.seeds[0]).folder(runs) / SUMMARY)
+        values[lr] = None if summary is None else selection_value(summary, task)
+    return best_lr(values, METRICS[spec.data].higher_is_better)
+
+
+def best_runs(preset: Preset, runs: Path) -> list[Run] | None:
+    """Every run at its entry's best learning rate (all reported seeds), for the entries whose sweep is done."""
+    out = []
+    for task in preset.tasks:
+        for entry in preset.task_entries(task):
+            lr = lr_choice(preset, runs, task, trained_entry(preset, entry))
+            if lr is not None:
+                out += [Run(task, entry, lr, seed) for seed in seeds_of(preset, task, trained_entry(preset, entry))]
+    return out
+
+
+def test_run(preset: Preset, run: Run, runs: Path) -> dict:
+    """The run's test eval (read back when done); a quantized-cache entry evaluates its base's run."""
+    folder = run.folder(runs)
+    if (done := read_json(folder / TEST)) is not None:
+        return done
+    source = Run(run.task, trained_entry(preset, run.entry), run.lr, run.seed).folder(runs)
+    overrides = run_overrides(preset, run)
+    if not preset.entries[run.entry].trained:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / RECORD, {**run.fields(), "overrides": overrides, "evaluates": str(source)})
+    result = evaluate_run(preset, run, compose_config(overrides), source)
+    write_json(folder / TEST, result)
+    return result
+
+
+def stage_jobs(preset: Preset, runs: Path, stage: str) -> list[Run]:
+    """The jobs of `stage` that can run now: the whole sweep; the other seeds of headline entries whose sweep is
+    done; the test eval of every best-lr run whose training is done."""
+    if stage == "sweep":
+        return sweep_runs(preset)
+    best = best_runs(preset, runs)
+    if stage == "seeds":
+        return [r for r in best if preset.entries[r.entry].trained and r.seed != preset.tasks[r.task].seeds[0]]
+    source = lambda r: Run(r.task, trained_entry(preset, r.entry), r.lr, r.seed).folder(runs)
+    return [r for r in best if (source(r) / SUMMARY).exists()]
+
+
+def part_key(stage: str, index: int, run: Run) -> int:
+    """The number that places a job in a part: its index in the (fixed) sweep; for later stages, whose job lists
+    grow as sweeps finish, a stable hash of the job without its lr, so concurrent parts never share a job."""
+    return index if stage == "sweep" else zlib.crc32(f"{run.task}/{run.entry}/{run.seed}".encode())
+
+
+STAGES = {"sweep": train_run, "seeds": train_run, "test": test_run}
+
+
+def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, int]:
+    """Run this part's jobs of each stage that can run now (see protocol.py), stage after stage; returns, per
+    stage, how many of its jobs this call left (other parts', filtered out, or waiting for a sweep)."""
+    left = {}
+    for stage, action in STAGES.items():
+        jobs = stage_jobs(preset, runs, stage)
+        mine = [
+            r
+            for i, r in enumerate(jobs)
+            if in_part(part_key(stage, i, r), part) and selected(only or {}, stage=stage, task=r.task, entry=r.entry)
+        ]
+        with timed(runs, stage, len(mine)):
+            for run in tqdm(mine, desc=stage, unit="run"):
+                action(preset, run, runs)
+        left[stage] = len(stage_jobs(preset, runs, stage)) - len(mine) if stage != "sweep" else len(jobs) - len(mine)
+    return left
+
+
+def collect(preset: Preset, runs: Path) -> dict:
+    """Everything the report needs from the run folders: each task's facts, each entry's layers, and every run's
+    record, summary and test eval (None where not yet made)."""
+    tasks = {}
+    for task, spec in preset.tasks.items():
+        cfg = compose_config(run_overrides(preset, Run(task, "power", spec.lrs[0], spec.seeds[0])))
+        tasks[task] = {
+            "data": spec.data,
+            "seq_len": cfg.data.seq_len,
+            "tokens_per_run": cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len,
+            "num_kv_pairs": getattr(cfg.data, "num_kv_pairs", None),
+            "vocab_size": getattr(cfg.data, "vocab_size", None),
+            "min_gap": getattr(cfg.data, "min_gap", None),
+            "matched_window": matched_window(preset, task),
+            "lrs": list(spec.lrs),
+            "seeds": list(spec.seeds),
+            "entries": list(preset.task_entries(task)),
+            "cache_bytes": {
+                e: lm_cache_bytes(compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))), cfg.data.seq_len)
+                for e in preset.task_entries(task)
+            },
+        }
+    records = []
+    candidates = {(r.task, r.entry, r.lr, r.seed): r for r in [*sweep_runs(preset), *(best_runs(preset, runs) or [])]}
+    for run in candidates.values():
+        folder = run.folder(runs)
+        records.append(
+            {
+                **run.fields(),
+                "folder": str(folder),
+                "record": read_json(folder / RECORD),
+                "summary": read_json(folder / SUMMARY),
+                "test": read_json(folder / TEST),
+            }
+        )
+    entries = {
+        name: {"group": e.group, "base": e.base, "change": e.change, "kv_cache_bits": e.kv_cache_bits}
+        for name, e in preset.entries.items()
+    }
+    roles = {"headline": list(preset.headline), "ablations": list(preset.ablations), "frontier": list(preset.frontier)}
+    return {"tasks": tasks, "entries": entries, "roles": roles, "runs": records, "runs_dir": str(runs)}

@@ -1,14 +1,20 @@
-"""The comparison in one command: speed, memory and quality of softmax (A), sliding window (W), a window with the
-power state's bytes (swa_matched), power retention (P) and the 3:1 hybrid (PPPA), then the report.
+"""The comparison in one command: speed, memory and quality of softmax (A), sliding window (W), the window with the
+power state's bytes (swa_matched), power retention (P) and hybrids, each at its best of several learning rates
+and over seeds (experiments/compare/protocol.py), with ablations and the recall-memory frontier; then the report.
 
-    python -m experiments.compare.run --preset cpu     # this 2-core machine, about an hour -> results/REPORT.md
-    python -m experiments.compare.run --preset gpu     # one H100/H200, contexts to 64k, three seeds
-    python -m experiments.compare.run --preset smoke   # seconds: the pipeline at toy sizes
+    python -m experiments.compare.run --preset cpu                # this 2-core machine -> results/REPORT.md
+    python -m experiments.compare.run --preset cpu --part 2/4     # a quarter of each stage's jobs (resumable)
+    for k in 1 2 3; do python -m experiments.compare.run --preset cpu --part $k/3; done  # parts one after another,
+    python -m experiments.compare.run --preset cpu                # then the seeds and tests the sweeps unlocked
+    python -m experiments.compare.run --preset cpu --only task=mqar --skip-speed
+    python -m experiments.compare.run --preset gpu_small          # one H200 in one call (under 10 minutes)
+    python -m experiments.compare.run --preset gpu                # the full comparison on one H100/H200
+    python -m experiments.compare.run --preset smoke              # seconds: the pipeline at toy sizes
 
-Writes <data>/speed.json and <data>/quality.json (data: results/compare/<preset>), training runs under
-<runs> (outputs/compare/<preset>: one TensorBoard folder for all of them), then experiments/report.py's
-Markdown and PNGs. Finished training runs are reused, so an interrupted comparison resumes; --skip-speed or
---skip-quality keeps the other half's JSON as it is.
+Writes <data>/speed.json and <data>/quality.json (data: results/compare/<preset>), training runs under <runs>
+(outputs/compare/<preset>: one TensorBoard folder for all), then experiments/report.py's Markdown and PNGs. Every
+finished run and test eval is reused, so the command resumes, and parts may run one after another or side by
+side: run them until no job is left, then once more (or --report-only) for the whole report.
 """
 
 import argparse
@@ -23,9 +29,11 @@ from pathlib import Path
 
 import jax
 
-from experiments.compare.models import matched_window
+from experiments.compare.models import matched_window, without_missing_keys
 from experiments.compare.presets import PRESETS
-from experiments.compare.quality import measure_quality
+from experiments.compare.protocol import parse_only, parse_part
+from experiments.compare.quality import collect, run_stages
+from experiments.compare.runs import read_json, timed, write_json
 from experiments.compare.speed import measure_speed
 from experiments.report import write_report
 
@@ -43,34 +51,57 @@ def machine() -> dict:
     }
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
     parser.add_argument("--data", help="folder for speed.json, quality.json and the plots (results/compare/<preset>)")
     parser.add_argument("--runs", help="folder for the training runs (outputs/compare/<preset>)")
-    parser.add_argument("--report", help="the Markdown report (results/REPORT.md for cpu, else <data>/REPORT.md)")
+    parser.add_argument(
+        "--report", help="the Markdown report (results/REPORT.md for cpu without --data, else <data>/REPORT.md)"
+    )
+    parser.add_argument("--part", default="1/1", help="k/n: this call runs every n-th job of each stage")
+    parser.add_argument("--only", action="append", default=[], help="filter: task=..., entry=..., stage=...")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-quality", action="store_true")
-    args = parser.parse_args()
-    preset = PRESETS[args.preset]
+    parser.add_argument("--report-only", action="store_true", help="collect the finished runs and write the report")
+    parser.add_argument(
+        "--drop-missing-keys",
+        action="store_true",
+        help="leave out overrides of keys other issues add (presets.PENDING_KEYS) while the schema lacks them: "
+        "the same jobs at the same sizes, for timing a preset before they land (use another --runs folder)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    preset, part, only = PRESETS[args.preset], parse_part(args.part), parse_only(args.only)
     data = Path(args.data or f"results/compare/{preset.name}")
     runs = Path(args.runs or f"outputs/compare/{preset.name}")
-    report = Path(args.report or ("results/REPORT.md" if preset.name == "cpu" else data / "REPORT.md"))
+    default_report = "results/REPORT.md" if preset.name == "cpu" and not args.data else data / "REPORT.md"
+    report = Path(args.report or default_report)
     data.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)  # the console: warnings; each run's train.log: INFO (quality.py)
     logging.getLogger().setLevel(logging.INFO)
     logging.getLogger().handlers[0].setLevel(logging.WARNING)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save at INFO
 
-    window = matched_window(preset)
-    command = shlex.join(["python", "-m", "experiments.compare.run", *sys.argv[1:]])
-    meta = {"preset": preset.name, "machine": machine(), "matched_window": window, "command": command}
-    if not args.skip_speed:
-        speed = measure_speed(preset, window)
-        (data / "speed.json").write_text(json.dumps({**meta, "results": speed}, indent=2))
+    command = shlex.join(["python", "-m", "experiments.compare.run", *(argv if argv is not None else sys.argv[1:])])
+    meta = {"preset": preset.name, "machine": machine(), "command": command}
+    if args.drop_missing_keys:
+        preset, meta["dropped_keys"] = without_missing_keys(preset)
+    run_speed = preset.speed and not (args.skip_speed or args.report_only) and part[0] == 1 and not only
+    if run_speed:
+        done = (read_json(data / "speed.json") or {}).get("results")
+        speed_meta = {**meta, "matched_window": matched_window(preset)}
+        save = lambda results: write_json(data / "speed.json", {**speed_meta, "results": results})
+        with timed(runs, "speed", len(preset.speed.models)):
+            save(measure_speed(preset, done, on_model=save))
     if not args.skip_quality:
-        quality = measure_quality(preset, window, runs)
-        (data / "quality.json").write_text(json.dumps({**meta, "runs": str(runs), "results": quality}, indent=2))
+        if not args.report_only:
+            left = run_stages(preset, runs, part, only)
+            print("jobs left to other parts, filtered out or waiting for sweeps:", json.dumps(left))
+        write_json(data / "quality.json", {**meta, **collect(preset, runs)})
     write_report(data, report)
     print(f"wrote {report}; TensorBoard for the training runs: tensorboard --logdir {runs}")
 

@@ -1,7 +1,8 @@
 """Speed and memory of the compared models: the trainer's own compiled train step at each length T with the same
 tokens per step (batch = tokens_per_step // T), greedy decode ms per token after each context, and decode-cache
 bytes per sequence. Medians of several repeats after a warm-up; random byte tokens (speed does not depend on
-the data). Returns a dict that `run.py` writes as speed.json.
+the data). Returns a dict that `run.py` writes as speed.json; a model already in `done` (the speed.json of an
+interrupted run) is not measured again.
 """
 
 import jax
@@ -10,7 +11,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from experiments.compare.models import compose_config, lm_cache_bytes, model_overrides
+from experiments.compare.models import compose_config, entry_overrides, lm_cache_bytes
 from experiments.compare.presets import Preset
 from experiments.decode_speed import ms_per_token
 from experiments.timing import run_times
@@ -19,22 +20,32 @@ from retention.nn import LM
 from retention.train.config import Config, make_lm_config
 from retention.train.metrics import throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, device_batch, make_train_step
+from retention.train.step import TraceCount, device_batch, make_init, make_train_step
 
 VOCAB = 256  # byte-level, as the text task
 CACHE_CONTEXTS = tuple(1024 * 4**i for i in range(6))  # 1k .. 1M tokens: shapes only, nothing allocated
+
+
+def abstract_train_step(cfg: Config, T: int, B: int):
+    """(graphdef, tx, the train state's ShapeDtypeStructs, the compiled train step on [B, T] tokens): compiled
+    from shapes alone, so a step too large to run here can still be compiled and its memory analysed."""
+    lm = make_lm_config(cfg.model, VOCAB)
+    tx, _ = make_optimizer(cfg.optim, 1000)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed))))
+    state = jax.eval_shape(make_init(lm, tx, cfg.seed))
+    tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
+    batch = device_batch(Batch(tokens, tokens), put=lambda x: x)
+    return graphdef, tx, state, make_train_step(graphdef, tx, TraceCount()).lower(state, batch).compile()
 
 
 def train_step_time(cfg: Config, T: int, B: int, repeats: int, peak_flops: float) -> dict:
     """Median seconds of one compiled train step on [B, T] tokens after a warm-up step, its throughput, and the
     compiled step's temporary and argument bytes (XLA's memory analysis)."""
     lm = make_lm_config(cfg.model, VOCAB)
-    graphdef, params = nnx.split(LM(lm, rngs=nnx.Rngs(cfg.seed)))
-    tx, _ = make_optimizer(cfg.optim, 1000)
-    state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    _, tx, _, compiled = abstract_train_step(cfg, T, B)
+    state = jax.jit(make_init(lm, tx, cfg.seed))()
     tokens = jax.random.randint(jax.random.key(T), (B, T + 1), 0, VOCAB, dtype=jnp.int32)
     batch = device_batch(Batch(tokens[:, :-1], tokens[:, 1:]))
-    compiled = make_train_step(graphdef, tx, TraceCount()).lower(state, batch).compile()
     memory = compiled.memory_analysis()
 
     def step():
@@ -67,21 +78,19 @@ def decode_time(cfg: Config, contexts, n_tokens: int, repeats: int) -> dict:
     return out
 
 
-def measure_speed(preset: Preset, window: int) -> dict:
-    """{model: {"layer_kinds", "train": [per T], "decode": {context: ...}, "cache_bytes": {context: bytes}}}."""
-    results = {}
-    jobs = [(name, T) for name in preset.models for T in preset.speed_lengths]
-    bar = tqdm(jobs, desc="train-step speed", unit="run")
-    for name, T in bar:
-        bar.set_postfix(model=name, T=T)
-        cfg = compose_config(model_overrides(name, preset, window))
-        entry = results.setdefault(name, {"train": [], "decode": {}, "cache_bytes": {}})
-        entry["layer_kinds"] = make_lm_config(cfg.model, VOCAB).layer_kinds
-        B = preset.tokens_per_step // T
-        entry["train"].append(train_step_time(cfg, T, B, preset.speed_repeats, preset.peak_flops))
-    for name in tqdm(preset.models, desc="decode speed", unit="model"):
-        cfg = compose_config(model_overrides(name, preset, window))
-        results[name]["decode"] = decode_time(cfg, preset.decode_contexts, preset.decode_tokens, preset.speed_repeats)
-        contexts = sorted({*CACHE_CONTEXTS, *preset.decode_contexts})
-        results[name]["cache_bytes"] = {str(L): lm_cache_bytes(cfg, L, VOCAB) for L in contexts}
+def measure_speed(preset: Preset, done: dict | None = None, on_model=None) -> dict:
+    """{model: {"layer_kinds", "train": [per T], "decode": {context: ...}, "cache_bytes": {context: bytes}}} for
+    the preset's speed models; `on_model(results)` after each model (run.py saves them, so a restart resumes)."""
+    speed, results = preset.speed, dict(done or {})
+    for name in tqdm([m for m in speed.models if m not in results], desc="speed", unit="model"):
+        cfg = compose_config(entry_overrides(name, preset))
+        B = lambda T: speed.tokens_per_step // T
+        results[name] = {
+            "layer_kinds": make_lm_config(cfg.model, VOCAB).layer_kinds,
+            "train": [train_step_time(cfg, T, B(T), speed.repeats, preset.peak_flops) for T in speed.lengths],
+            "decode": decode_time(cfg, speed.decode_contexts, speed.decode_tokens, speed.repeats),
+            "cache_bytes": {str(L): lm_cache_bytes(cfg, L) for L in sorted({*CACHE_CONTEXTS, *speed.decode_contexts})},
+        }
+        if on_model is not None:
+            on_model(results)
     return results

@@ -12,7 +12,9 @@ runs the context-parallel ops (`power_retention_context_parallel`, `softmax_atte
 results are the same.
 A retention cache is a RetentionCache: the RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at
 any length) and each row's last segment id; an attention cache is a KVCache of keys and values and each slot's
-segment id per row (a ring buffer of window + n - 1 slots for a sliding window).
+segment id per row (a ring buffer of window + n - 1 slots for a sliding window), or
+with `kv_cache_bits` (8 or 4) a QuantizedKVCache of the same slots (retention/ops/attention/quantized.py; one
+document per row: it keeps no segment ids).
 Packed documents: `segment_ids` [B, T] (equal ids form one document, contiguous in time) keep documents apart in
 every op. With a cache, None continues each row's document; a step whose first token has an id other than the
 row's last one starts a new document there: the retention mixer clears that row's state (its cache records the
@@ -45,7 +47,14 @@ from retention.ops import (
     softmax_attention_context_parallel,
     softmax_attention_step,
 )
-from retention.ops.attention import check_window
+from retention.ops.attention import (
+    QuantizedKVCache,
+    check_window,
+    fill_quantized_kv_cache,
+    init_quantized_kv_cache,
+    softmax_attention_step_quantized,
+)
+from retention.ops.attention.quantized import check_quantization, default_group
 from retention.ops.power_retention.state import clear_rows
 from retention.validation import check_choice, check_int
 
@@ -170,10 +179,21 @@ class PowerRetention(nnx.Module):
         return RetentionCache(state=state, segment_id=jnp.zeros((batch,), jnp.int32))
 
 
+def _check_one_document(segment_ids) -> None:
+    """A quantized KV cache holds one document per row (no segment ids): refuse packed or ragged inputs."""
+    if segment_ids is not None:
+        raise NotImplementedError(
+            "segment_ids (packed documents, ragged prompts) with a quantized KV cache (kv_cache_bits) are not "
+            "supported: use kv_cache_bits=None or one document per row"
+        )
+
+
 class Attention(nnx.Module):
     """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
     (GQA), optional RoPE, the softmax op, and the output projection. `impl` is the full-sequence op's (one of
-    ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each."""
+    ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each. `kv_cache_bits`
+    (None, 8 or 4): the decode cache's keys and values in float (None) or quantized (int8 / 4-bit, a bfloat16
+    scale per 16 values, or per gcd(16, head_dim)); prefill runs in float and stores the prompt quantized."""
 
     def __init__(
         self,
@@ -185,6 +205,7 @@ class Attention(nnx.Module):
         window: int | None = None,
         rope_base: float | None = 10000.0,
         impl: str = "auto",
+        kv_cache_bits: int | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
@@ -194,6 +215,9 @@ class Attention(nnx.Module):
         check_rope_base(rope_base, head_dim)
         check_window(window)
         check_choice("impl", impl, ATTENTION_IMPLS)
+        if kv_cache_bits is not None:
+            check_quantization(head_dim, kv_cache_bits, default_group(head_dim))
+        self.kv_cache_bits = kv_cache_bits
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.window, self.rope_base, self.impl = window, rope_base, impl
         linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -232,7 +256,11 @@ class Attention(nnx.Module):
             return self._out(softmax_attention_context_parallel(q, k, v, **options)), None
         if cache is None:
             return self._out(softmax_attention(q, k, v, **options, impl=self.impl)), None
-        y, cache = softmax_attention_step(cache, q, k, v, **options)
+        if isinstance(cache, QuantizedKVCache):
+            _check_one_document(segment_ids)
+            y, cache = softmax_attention_step_quantized(cache, q, k, v, window=self.window)
+        else:
+            y, cache = softmax_attention_step(cache, q, k, v, **options)
         return self._out(y), cache
 
     def prefill(
@@ -252,6 +280,9 @@ class Attention(nnx.Module):
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
         q, k, v = self._project(x_BTD, positions)
         y = softmax_attention(q, k, v, window=self.window, segment_ids=segment_ids, impl=self.impl)
+        if isinstance(cache, QuantizedKVCache):
+            _check_one_document(segment_ids)
+            return self._out(y), fill_quantized_kv_cache(cache, k, v)
         kept = min(T, L)
         pos = jnp.arange(T - kept, T, dtype=jnp.int32)
         seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
@@ -270,4 +301,7 @@ class Attention(nnx.Module):
         check_int("max_len", max_len)
         check_int("step_tokens", step_tokens)
         slots = max_len if self.window is None else self.window + step_tokens - 1
+        if self.kv_cache_bits is not None:
+            group = default_group(self.head_dim)
+            return init_quantized_kv_cache(batch, self.kv_heads, self.head_dim, slots, self.kv_cache_bits, group)
         return init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)

@@ -23,6 +23,7 @@ from jaxtyping import Array, Float, Int
 from retention.nn.layers import SwiGLU, check_heads, check_rope_base, document_positions
 from retention.nn.mixers import Attention, PowerRetention
 from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg, sympow_dim
+from retention.ops.attention import KV_CACHE_BITS
 from retention.ops.power_retention import default_chunk_size
 from retention.ops.validation import check_segment_ids
 from retention.validation import check_at_runtime, check_choice, check_int, check_number, concrete
@@ -66,6 +67,7 @@ class LMConfig:
     chunk_size: int | None = None
     retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
     attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
+    kv_cache_bits: int | None = None  # the A and W layers' decode cache: float (None) or quantized (8, 4 bits)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "window"):
@@ -80,6 +82,7 @@ class LMConfig:
         check_chunk_size(self.chunk_size)
         check_choice("retention_impl", self.retention_impl, RETENTION_IMPLS)
         check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_choice("kv_cache_bits", self.kv_cache_bits, (None, *KV_CACHE_BITS))
 
     @property
     def layer_kinds(self) -> str:
@@ -185,7 +188,9 @@ class Block(nnx.Module):
             )
         else:
             window = config.window if kind == "W" else None
-            self.mixer = Attention(config.d_model, window=window, impl=config.attention_impl, **common)
+            self.mixer = Attention(
+                config.d_model, window=window, impl=config.attention_impl, kv_cache_bits=config.kv_cache_bits, **common
+            )
         self.mlp_norm = norm()
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 

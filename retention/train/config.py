@@ -69,6 +69,7 @@ class MQARDataConfig(DataConfig):
     vocab_size: int = 128
     num_kv_pairs: int = 4
     power_a: float = 0.01
+    min_gap: int = 0  # tokens between the last pair and the first query (0: Zoology's layout)
 
 
 @dataclass

@@ -1,63 +1,131 @@
-"""The comparison pipeline (experiments/compare): the memory-matched window, the presets' configs, the reuse of
-finished runs, and the train-step timer on the trainer's own step."""
+"""The comparison's presets and entries (experiments/compare): every preset's configs pass the trainer's checks, the
+matched window holds the power state's bytes and cannot reach any MQAR key, the demo's window is the matched one,
+and the train-step timer runs the trainer's step. A config whose overrides use a key another issue adds is skipped,
+naming the key, until that key exists."""
 
-import json
+import dataclasses
 
 import numpy as np
 import pytest
 
-from experiments.compare.models import compose_config, lm_cache_bytes, matched_window, model_overrides
-from experiments.compare.presets import CPU, GPU, PRESETS, SMOKE, Preset
-from experiments.compare.quality import measure_quality, run_dir
+from experiments.compare.models import (
+    compose_config,
+    entry_overrides,
+    lm_cache_bytes,
+    matched_window,
+    missing_keys,
+    without_missing_keys,
+)
+from experiments.compare.presets import PENDING_KEYS, PRESETS, SMOKE
+from experiments.compare.protocol import Run
+from experiments.compare.quality import run_overrides
 from experiments.compare.speed import train_step_time
-from retention.train.config import build
+from retention.train.config import build, make_dataset
+from tests.data.test_mqar_min_gap import query_distances
 
 
-@pytest.mark.parametrize("preset", [SMOKE, CPU, GPU], ids=lambda p: p.name)
-def test_matched_window_holds_the_power_state_bytes(preset):
-    """swa_matched's cache at a long context has the power model's bytes, less than one token's KV bytes."""
-    window = matched_window(preset)
-    power = compose_config(model_overrides("power", preset, window))
-    swa = compose_config(model_overrides("swa_matched", preset, window))
-    softmax = compose_config(model_overrides("softmax", preset, window))
-    assert swa.model.window == window and swa.model.pattern == "W"
+def skip_if_pending(overrides) -> None:
+    """Skip, naming the keys, when the overrides need keys the schema lacks yet (PENDING_KEYS)."""
+    if missing := missing_keys(list(overrides)):
+        pytest.skip(f"needs {', '.join(missing)}, which {', '.join(PENDING_KEYS[k] for k in missing)} adds")
+
+
+def compose_or_skip(overrides: list[str]):
+    """The composed config, or a skip naming the keys it needs that the schema lacks."""
+    skip_if_pending(overrides)
+    return compose_config(overrides)
+
+
+def skip_if_preset_pending(preset, task: str) -> None:
+    """Skip when the preset's or the task's shared model overrides need keys the schema lacks yet."""
+    skip_if_pending([*preset.model, *(o for e in preset.entries for o in preset.entries[e].overrides)])
+    skip_if_pending(preset.tasks[task].model_overrides("*"))
+
+
+# Each preset, and the same preset less the keys other issues add (so its sizes are checked before they land).
+NOW = {f"{p.name}-without-pending": without_missing_keys(p)[0] for p in PRESETS.values() if missing_keys(list(p.model))}
+ALL_PRESETS = [*PRESETS.values(), *(dataclasses.replace(p, name=n) for n, p in NOW.items())]
+CASES = [(p, t, e) for p in ALL_PRESETS for t in p.tasks for e in p.task_entries(t)]
+
+
+@pytest.mark.parametrize("preset,task,entry", CASES, ids=lambda x: x if isinstance(x, str) else x.name)
+def test_every_preset_config_passes_the_trainer_checks(preset, task, entry):
+    """Each entry on each task composes and builds (the trainer's value checks, eval lengths included)."""
+    spec = preset.tasks[task]
+    skip_if_pending([*preset.model, *spec.model_overrides(entry), *preset.entries[entry].overrides])
+    overrides = run_overrides(preset, Run(task, entry, spec.lrs[0], spec.seeds[0]))
+    lm, _ = build(compose_or_skip(overrides))
+    if entry.startswith("hybrid"):
+        assert set(lm.layer_kinds) == {"P", "A"}, lm.layer_kinds
+    assert lm.kv_cache_bits == preset.entries[entry].kv_cache_bits
+
+
+@pytest.mark.parametrize("preset", PRESETS.values(), ids=lambda p: p.name)
+def test_every_task_gives_each_entry_the_same_tokens(preset):
+    for task, spec in preset.tasks.items():
+        skip_if_preset_pending(preset, task)
+        sizes = set()
+        for entry in preset.task_entries(task):
+            overrides = run_overrides(preset, Run(task, entry, spec.lrs[0], spec.seeds[0]))
+            cfg = compose_or_skip(overrides)
+            sizes.add((cfg.trainer.steps, cfg.data.batch_size, cfg.data.seq_len))
+        assert len(sizes) == 1, (task, sizes)
+    if preset.speed:
+        assert all(preset.speed.tokens_per_step % T == 0 for T in preset.speed.lengths)
+
+
+MQAR_CASES = [(p, t) for p in ALL_PRESETS for t, spec in p.tasks.items() if spec.data == "mqar"]
+
+
+@pytest.mark.parametrize("preset,task", MQAR_CASES, ids=lambda x: x if isinstance(x, str) else x.name)
+def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
+    """swa_matched's cache has the power model's bytes less than one token's; its layers' combined reach
+    n_layers * (window - 1 + conv_size - 1) is shorter than every query's distance to its key."""
+    spec = preset.tasks[task]
+    skip_if_preset_pending(preset, task)
+    cfg = {e: compose_or_skip(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in ("power", "swa_matched")}
+    softmax = compose_or_skip(entry_overrides("softmax", preset, task))
+    window = matched_window(preset, task)
+    assert cfg["swa_matched"].model.window == window and cfg["swa_matched"].model.pattern == "W"
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
-    state, ring = lm_cache_bytes(power, 65536), lm_cache_bytes(swa, 65536)
-    assert lm_cache_bytes(power, 7) == state  # the state does not grow
+    state, ring = lm_cache_bytes(cfg["power"], 65536), lm_cache_bytes(cfg["swa_matched"], 65536)
+    assert lm_cache_bytes(cfg["power"], 7) == state  # the state does not grow
     assert 0 <= state - ring < per_token, (state, ring, per_token)
+    data = make_dataset(dataclasses.replace(cfg["power"].data, batch_size=64), 0)
+    conv = getattr(cfg["swa_matched"].model, "conv_size", 0)  # a short convolution reaches conv_size - 1 back
+    reach = cfg["swa_matched"].model.n_layers * (window - 1 + max(conv - 1, 0))
+    for scale in spec.test_scales:
+        L = scale * cfg["power"].data.seq_len
+        assert query_distances(data.batch(0, seq_len=L, split="eval"), data.num_kv_pairs).min() > reach
 
 
-def test_every_preset_builds_valid_configs():
-    """Each preset's model and task overrides give configs the trainer accepts (its value checks run)."""
-    for preset in PRESETS.values():
-        for task in preset.tasks.values():
-            overrides = [*model_overrides("hybrid", preset, 64), *task.model_overrides("hybrid"), f"data={task.data}"]
-            lm, _ = build(compose_config([*overrides, *task.overrides]))
-            assert set(lm.layer_kinds) == {"P", "A"}, lm.layer_kinds  # a hybrid at every task's depth
-        assert all(preset.tokens_per_step % T == 0 for T in preset.speed_lengths)
+def test_the_demo_window_is_the_matched_window():
+    """configs/experiment/mqar_demo.yaml's swa model holds the bytes of its power model's state."""
+    demo = ["experiment=mqar_demo"]
+    power = compose_or_skip([*demo, "model=power"])
+    swa = compose_or_skip([*demo, "model=swa"])
+    softmax = compose_or_skip([*demo, "model=softmax"])
+    per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
+    assert 0 <= lm_cache_bytes(power, 1) - lm_cache_bytes(swa, 4096) < per_token
+    data = make_dataset(dataclasses.replace(power.data, batch_size=64), 0)
+    reach = swa.model.n_layers * (swa.model.window - 1)
+    assert query_distances(data.batch(0, split="eval"), data.num_kv_pairs).min() > reach
 
 
-def test_unknown_model_is_refused():
-    with pytest.raises(ValueError, match="model must be one of"):
-        model_overrides("mamba", SMOKE, 8)
+def test_unknown_entry_is_refused():
+    with pytest.raises(ValueError, match="entry must be one of"):
+        entry_overrides("mamba", SMOKE)
 
 
-def test_finished_runs_are_reused_not_retrained(tmp_path):
-    """A run folder with a summary.json is read back: no training happens (the summaries are not runnable)."""
-    mqar_only = {"tasks": {"mqar": SMOKE.tasks["mqar"]}, "models": ("power", "softmax"), "seeds": (0, 3)}
-    preset = Preset(**{**SMOKE.__dict__, **mqar_only})
-    for model in preset.models:
-        for seed in preset.seeds:
-            folder = run_dir(tmp_path, "mqar", model, seed)
-            folder.mkdir(parents=True)
-            (folder / "summary.json").write_text(json.dumps({"model": model, "seed": seed}))
-    results = measure_quality(preset, 8, tmp_path)
-    assert results == {"mqar": {m: {str(s): {"model": m, "seed": s} for s in (0, 3)} for m in ("power", "softmax")}}
+def test_missing_keys_names_what_other_issues_add():
+    assert missing_keys(["model.window=3", "model.kv_cache_bits=4"]) == []
+    expected = [k for k in PENDING_KEYS if k.removeprefix("model.") not in compose_config([]).model.__dict__]
+    assert missing_keys([f"{k}=1" for k in PENDING_KEYS]) == expected
 
 
 def test_train_step_time_runs_the_trainer_step():
     """The timer compiles the trainer's step once and reports consistent throughput and XLA memory figures."""
-    cfg = compose_config(model_overrides("power", SMOKE, 8))
+    cfg = compose_config(entry_overrides("power", SMOKE))
     r = train_step_time(cfg, T=48, B=3, repeats=2, peak_flops=1e11)
     assert (r["T"], r["batch"]) == (48, 3) and len(r["times_s"]) == 2
     assert r["step_s"] == pytest.approx(float(np.median(r["times_s"])))

@@ -1,80 +1,207 @@
-"""The comparison report (experiments/report.py) on a made-up comparison with known numbers: its tables, ratios,
-the models' layers and the plots."""
+"""The comparison report (experiments/report.py) on a made-up comparison with known numbers: the best learning rate
+per entry (ties, a diverged run), means and ranges over seeds, notes for lengths not run, the headline, the
+ablation deltas, the frontier's order and bytes, the speed ratios, the plots and the appendix of commands."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from experiments.compare.quality import run_dir
+from experiments.compare.results import Cell, Results
 from experiments.report import write_report
 from retention.train.metrics import MetricsWriter
 
-STEP_S = {"softmax": {1024: 0.5, 4096: 3.0}, "power": {1024: 0.75, 4096: 1.2}}
-SPEED_KINDS = {"softmax": "A", "power": "P"}
-QUALITY_KINDS = {"softmax": "A", "power": "PP"}  # the power model has two layers in the task
+LRS = [1e-3, 3e-3, 1e-2]
+SELECTION = {  # first-seed accuracy on the selection split at each lr
+    "softmax": [0.5, 0.9, 0.7],  # best 3e-3
+    "power": [0.3, 0.3, math.nan],  # a tie goes to the smaller lr; the diverged run loses
+    "power_nogate": [0.2, 0.1, 0.4],  # best 1e-2
+}
+TEST = {  # test accuracy per seed at the best lr: {length: [seed 0, 1, 2]}
+    "softmax": {"64": [0.9, 0.8, 1.0], "1024": [0.5, 0.6, 0.7], "4096": "not run: time"},
+    "power": {"64": [0.3, 0.2, 0.4], "1024": [0.25, 0.25, 0.25], "4096": [0.2, 0.2, 0.2]},
+    "power_nogate": {"64": [0.1], "1024": [0.05], "4096": [0.05]},
+    "softmax_kv4": {"64": [0.85, 0.75, 0.95]},
+}
+KINDS = {"softmax": "AA", "power": "PP", "power_nogate": "PP"}
+BEST = {"softmax": 3e-3, "power": 1e-3, "power_nogate": 1e-2, "softmax_kv4": 3e-3}
 
 
-def train_row(T: int, step_s: float) -> dict:
-    return {"T": T, "batch": 4096 // T, "step_s": step_s, "tokens_per_s": 4096 / step_s, "peak_fraction": 0.1}
+def made_up_test(entry: str, seed: int) -> dict:
+    out = {}
+    for L, values in TEST[entry].items():
+        out[L] = {"skipped": values} if isinstance(values, str) else {"accuracy": values[seed], "loss": 1.0}
+    return out
 
 
-def fake_comparison(tmp_path: Path) -> Path:
-    """speed.json, quality.json and TensorBoard logs of a made-up two-model comparison with known numbers."""
+def fake_quality(runs_dir: Path) -> dict:
+    """quality.json of a made-up mqar comparison (and TensorBoard logs of the runs)."""
     rng = np.random.default_rng(0)
-    data, runs = tmp_path / "data", tmp_path / "runs"
-    data.mkdir()
+    entries = {
+        "softmax": {"group": "softmax", "base": None, "change": "", "kv_cache_bits": None},
+        "power": {"group": "power", "base": None, "change": "", "kv_cache_bits": None},
+        "power_nogate": {"group": "power", "base": "power", "change": "no gating", "kv_cache_bits": None},
+        "softmax_kv4": {"group": "softmax", "base": "softmax", "change": "4-bit KV cache", "kv_cache_bits": 4},
+    }
+    runs = []
+    for entry, values in SELECTION.items():
+        seeds = (0, 1, 2) if entry in ("softmax", "power") else (0,)
+        for lr, value in zip(LRS, values):
+            for seed in seeds if lr == BEST[entry] else (0,):
+                folder = runs_dir / entry / f"lr{lr:g}" / f"seed{seed}"
+                summary = {
+                    "seq_len": 64,
+                    "steps": 10,
+                    "layer_kinds": KINDS[entry],
+                    "params": 1000 + len(entry),
+                    "eval": {"64": {"accuracy": value if seed == 0 else 0.0, "loss": 2.0}},
+                }
+                test = made_up_test(entry, seed) if lr == BEST[entry] else None
+                if entry == "softmax" and lr == 1e-3:
+                    test = {"64": {"accuracy": 0.0}}  # a test eval off the best lr is never read
+                command = f"python train.py model={entry} optim.lr={lr:g} seed={seed}"
+                record = {"wall_s": 12.0, "command": command}
+                runs.append(
+                    dict(
+                        task="mqar",
+                        entry=entry,
+                        lr=lr,
+                        seed=seed,
+                        folder=str(folder),
+                        record=record,
+                        summary=summary,
+                        test=test,
+                    )
+                )  # fmt
+                writer = MetricsWriter(str(folder / "tb"))
+                for i in range(1, 6):
+                    writer.scalars(2 * i, {"loss": float(5 - i + rng.uniform())}, "train")
+                writer.close()
+    for seed in (0, 1, 2):
+        record = {"evaluates": f"softmax/lr0.003/seed{seed}"}
+        runs.append(
+            dict(
+                task="mqar",
+                entry="softmax_kv4",
+                lr=3e-3,
+                seed=seed,
+                folder="-",
+                record=record,
+                summary=None,
+                test=made_up_test("softmax_kv4", seed),
+            )
+        )  # fmt
+    task = {
+        "data": "mqar",
+        "seq_len": 64,
+        "tokens_per_run": 10 * 4 * 64,
+        "num_kv_pairs": 4,
+        "vocab_size": 80,
+        "min_gap": 40,
+        "matched_window": 19,
+        "lrs": LRS,
+        "seeds": [0, 1, 2],
+        "entries": list(entries),
+        "cache_bytes": {"softmax": 16908, "power": 5188, "power_nogate": 5188, "softmax_kv4": 3596},
+    }
+    roles = {"headline": ["softmax", "power"], "ablations": ["power_nogate"], "frontier": ["softmax_kv4"]}
     machine = {"device": "cpu", "backend": "cpu", "devices": 1, "cpus": 2, "jax": "0", "date": "today"}
-    meta = {"preset": "fake", "matched_window": 72, "command": "made up", "machine": machine}
-    speed = {
+    return {
+        "preset": "fake",
+        "machine": machine,
+        "command": "made up",
+        "tasks": {"mqar": task},
+        "entries": entries,
+        "roles": roles,
+        "runs": runs,
+        "runs_dir": str(runs_dir),
+    }
+
+
+def fake_speed() -> dict:
+    step_s = {"softmax": {1024: 0.5, 4096: 3.0}, "power": {1024: 0.75, 4096: 1.2}}
+    row = lambda T, s: {"T": T, "batch": 4096 // T, "step_s": s, "tokens_per_s": 4096 / s, "peak_fraction": 0.1}
+    results = {
         m: {
-            "layer_kinds": SPEED_KINDS[m],
-            "train": [{**train_row(T, s), "temp_bytes": 3 * 2**20} for T, s in STEP_S[m].items()],
+            "layer_kinds": KINDS[m],
+            "train": [{**row(T, s), "temp_bytes": 3 * 2**20} for T, s in step_s[m].items()],
             "decode": {"1024": {"ms_per_token": 2.0 if m == "softmax" else 0.5}},
             "cache_bytes": {"1024": 2**20 if m == "softmax" else 2**15},
         }
-        for m in STEP_S
+        for m in step_s
     }
-    (data / "speed.json").write_text(json.dumps({**meta, "results": speed}))
-    quality = {"mqar": {}}
-    for m in STEP_S:
-        quality["mqar"][m] = {}
-        for seed in (0, 1):
-            acc = {"64": 0.9 - 0.2 * seed, "256": 0.5}
-            evals = {L: {"accuracy": a, "loss": 1.0} for L, a in acc.items()}
-            summary = {"layer_kinds": QUALITY_KINDS[m], "params": 1000, "wall_s": 10.0, "tokens_per_step": 640}
-            quality["mqar"][m][str(seed)] = {**summary, "eval": evals}
-            writer = MetricsWriter(str(run_dir(runs, "mqar", m, seed) / "tb"))
-            for i in range(1, 6):
-                writer.scalars(10 * i, {"loss": float(5 - i + rng.uniform())}, "train")
-            writer.close()
-    (data / "quality.json").write_text(json.dumps({**meta, "runs": str(runs), "results": quality}))
-    return data
+    machine = {"device": "cpu", "backend": "cpu", "devices": 1, "cpus": 2, "jax": "0", "date": "today"}
+    return {"preset": "fake", "machine": machine, "command": "speed cmd", "matched_window": 19, "results": results}
 
 
-def test_report_tables_ratios_and_plots(tmp_path):
-    data = fake_comparison(tmp_path)
-    out = tmp_path / "REPORT.md"
-    write_report(data, out, op_speed=None)
-    text = out.read_text()
-    assert "| power (P) | 0.75 s (0.67x) | 1.2 s (2.5x) |" in text  # softmax's time over power's
-    assert "| power (P) | 0.5 ms (4x) |" in text
-    assert "| softmax (A) | 1,000 | 0.800 (0.700-0.900) | 0.500 (0.500-0.500) | 10 s |" in text  # mean (range)
-    assert "| power (P) | 2.5x | 4x | 32 KiB | 0.800 / 0.500 |" in text  # the headline row
-    assert "matched to the power state's bytes is 72 tokens" in text
-    for png in ("speed.png", "quality.png", "curves.png"):
+@pytest.fixture
+def report(tmp_path) -> tuple[str, Path]:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "quality.json").write_text(json.dumps(fake_quality(tmp_path / "runs")))
+    (data / "speed.json").write_text(json.dumps(fake_speed()))
+    write_report(data, tmp_path / "REPORT.md", op_speed=None)
+    return (tmp_path / "REPORT.md").read_text(), data
+
+
+def test_best_lr_per_entry_ties_and_divergence(tmp_path):
+    res = Results(fake_quality(tmp_path))
+    assert {e: res.best_lr("mqar", e) for e in BEST} == BEST
+    assert res.sweep("mqar", "softmax") == dict(zip(LRS, SELECTION["softmax"]))
+
+
+def test_cells_are_means_and_ranges_over_the_best_lr_seeds(tmp_path):
+    res = Results(fake_quality(tmp_path))
+    cell = res.cell("mqar", "softmax", 64)
+    assert (cell.n, cell.lo, cell.hi) == (3, 0.8, 1.0) and cell.mean == pytest.approx(0.9)
+    assert cell.text() == "0.900 (0.800-1.000)"
+    assert res.cell("mqar", "power_nogate", 64).text() == "0.100"  # one seed: no range
+    assert res.cell("mqar", "softmax", 4096).text() == "not run: time"
+    assert res.cell("mqar", "softmax_kv4", 4096).text() == "-"  # evaluated at the training length only
+    assert Cell().text() == "pending"
+    res.tasks["mqar"]["entries"].remove("power_nogate")  # a task that leaves an entry out says so
+    assert res.cell("mqar", "power_nogate", 64).text() == "not run on this task"
+
+
+def test_report_tables(report):
+    text, _ = report
+    assert "| softmax (AA) | 1,007 | 0.003 | 0.900 (0.800-1.000) | 0.600 (0.500-0.700) | not run: time |" in text
+    assert "| power (PP) | 1,005 | 0.001 | 0.300 (0.200-0.400) | 0.250 (0.250-0.250) | 0.200 (0.200-0.200) |" in text
+    assert "| softmax | 0.500 | **0.900** | 0.700 |" in text  # the lr sweep, best in bold
+    assert "| power | **0.300** | 0.300 | nan |" in text
+    row = "| power_nogate | no gating | power (PP) | 0.300 (0.200-0.400) | 0.100 | -0.200 |"
+    assert row in text  # the ablation: base, ablated, change
+
+
+def test_report_headline_buys_and_costs(report):
+    text, _ = report
+    header = "| model (layers) | train-step speed-up at 4k | decode ms/token at 1k | cache there |"
+    assert header + " mqar accuracy @64 | mqar accuracy @1k | mqar accuracy @4k |" in text
+    assert "| power (PP) | 2.5x | 0.5 (4x) | 32 KiB | 0.300 (0.200-0.400) | 0.250 (0.250-0.250) |" in text
+    assert "| softmax (AA) | 1x | 2 (1x) | 1.0 MiB | 0.900 (0.800-1.000) |" in text
+
+
+def test_report_frontier_sorted_by_bytes(report):
+    text, _ = report
+    frontier = text[text.index("## The frontier") :]
+    rows = [line for line in frontier.splitlines() if line.startswith("| ") and "@64" not in line]
+    assert [r.split(" | ")[0] for r in rows[:3]] == ["| softmax_kv4 (AA)", "| power (PP)", "| softmax (AA)"]
+    assert "| softmax_kv4 (AA) | 4 KiB | 3,596 | 0.850 (0.750-0.950) |" in frontier
+
+
+def test_report_speed_protocol_plots_and_commands(report):
+    text, data = report
+    assert "| power (PP) | 0.75 s (0.67x) | 1.2 s (2.5x) |" in text  # softmax's time over power's
+    assert (
+        "| mqar | T=64, 4 pairs, vocab 80, queries >= 40 tokens after | 2,560 | 0.001, 0.003, 0.01 | 0, 1, 2 |" in text
+    )
+    assert "`python train.py model=power optim.lr=0.001 seed=2`" in text  # the appendix
+    assert "Made by `made up`, `speed cmd`." in text
+    for png in ("speed.png", "quality_mqar.png", "frontier.png", "curves.png"):
         assert (data / png).stat().st_size > 10_000
         assert f"(data/{png})" in text  # linked relative to the report
-
-
-def test_report_names_each_run_by_its_layers(tmp_path):
-    """A task's model is labelled with the layers it trained with, and the headline says where they differ."""
-    data = fake_comparison(tmp_path)
-    write_report(data, tmp_path / "REPORT.md", op_speed=None)
-    text = (tmp_path / "REPORT.md").read_text()
-    assert "| power (PP) | 1,000 | 0.800 (0.700-0.900) |" in text
-    assert "Some tasks train other layers (mqar: softmax A, power PP)." in text
 
 
 def test_report_without_results_says_what_to_run(tmp_path):

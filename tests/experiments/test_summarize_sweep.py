@@ -3,7 +3,7 @@ layers the trainer actually built."""
 
 import json
 
-from experiments.compare.models import compose_config, model_overrides
+from experiments.compare.models import compose_config, entry_overrides
 from experiments.compare.presets import SMOKE
 from experiments.summarize_sweep import load, table
 from retention.train import train
@@ -31,7 +31,7 @@ def test_table_rows_from_summaries(tmp_path):
 def test_a_pattern_repeated_over_the_layers_shows_the_built_layers(tmp_path):
     """The pattern PA over 5 layers builds PAPAP: the trainer's summary.json records it and the table shows it."""
     task = SMOKE.tasks["mqar"]
-    model = [*model_overrides("hybrid", SMOKE, 8), "model.pattern=PA", "model.n_layers=5"]
+    model = [*entry_overrides("power", SMOKE, "mqar"), "model.name=hybrid", "model.pattern=PA", "model.n_layers=5"]
     cfg = compose_config([*model, f"data={task.data}", *task.overrides, "trainer.steps=3", "trainer.eval_scales=[1]"])
     written = train(cfg, str(tmp_path / "run0"))
     assert written["layer_kinds"] == "PAPAP"

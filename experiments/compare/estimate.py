@@ -1,0 +1,120 @@
+"""How long a preset takes on this machine, from what measured runs took: each task's mean seconds a training run
+over the runs found under the given runs folders at that task's tokens (compare.json's wall or CPU seconds,
+config.yaml's tokens), else a line `seconds = overhead + tokens / rate` fitted to all of them; the test stage's
+seconds a job and the speed sweep's seconds (<runs>/timings.json); applied to the preset's job list.
+
+    python -m experiments.compare.estimate --preset cpu --measured outputs/compare/cpu outputs/compare/smoke
+
+CPU seconds (all threads) do not depend on what else the machine runs; wall seconds on 2 idle cores are at most
+the CPU seconds (XLA's CPU programs use both cores only in part), so `--seconds cpu` gives an upper bound there.
+"""
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from experiments.compare.models import compose_config, without_missing_keys
+from experiments.compare.presets import PRESETS, Preset
+from experiments.compare.protocol import Run, seeds_of, sweep_runs
+from experiments.compare.quality import run_overrides
+from experiments.compare.runs import CONFIG, RECORD, TIMINGS, read_json
+
+
+def measured_runs(folders: list[Path], key: str) -> list[tuple[str, int, float]]:
+    """(task, tokens trained, seconds) of every finished training run under `folders`."""
+    out = []
+    for folder in folders:
+        for record_path in folder.rglob(RECORD):
+            record = read_json(record_path)
+            if key not in record or not (record_path.parent / CONFIG).exists():
+                continue
+            cfg = OmegaConf.load(record_path.parent / CONFIG)
+            tokens = cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len
+            out.append((record.get("task"), tokens, float(record[key])))
+    return out
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(overhead seconds, seconds per token) of the least-squares line through the points (at least two token
+    counts; with one, the overhead is 0)."""
+    tokens, seconds = np.array(points, dtype=float).T
+    if len(set(tokens)) < 2:
+        return 0.0, float(np.sum(seconds) / np.sum(tokens))
+    per_token, overhead = np.polyfit(tokens, seconds, 1)
+    return float(max(overhead, 0.0)), float(per_token)
+
+
+def trained_jobs(preset: Preset) -> list[Run]:
+    """Every training run of the preset: the sweep and the headline's other seeds (at one lr: the same tokens)."""
+    seeds = [
+        Run(t, e, preset.tasks[t].lrs[0], s)
+        for t in preset.tasks
+        for e in preset.task_entries(t)
+        if preset.entries[e].trained
+        for s in seeds_of(preset, t, e)[1:]
+    ]
+    return [*sweep_runs(preset), *seeds]
+
+
+def eval_job_count(preset: Preset) -> int:
+    """How many test evals the preset makes: every reported seed of every entry at its best lr."""
+    count = 0
+    for t in preset.tasks:
+        for e in preset.task_entries(t):
+            base = e if preset.entries[e].trained else preset.entries[e].base
+            count += len(seeds_of(preset, t, base))
+    return count
+
+
+def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s") -> dict:
+    """The preset's estimated seconds per stage from the runs measured under `folders` (keys other issues add are
+    left out while missing: they change no sizes)."""
+    preset, _ = without_missing_keys(preset)
+    measured = measured_runs(folders, key)
+    overhead, per_token = fit([(n, sec) for _, n, sec in measured])
+    tokens = {}
+    for task in preset.tasks:
+        cfg = compose_config(run_overrides(preset, Run(task, preset.headline[0], 1e-3, 0)))
+        tokens[task] = cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len
+    # A task's measured runs at this preset's tokens give its seconds a run; other tasks take the fitted line.
+    per_run = {}
+    for task, n in tokens.items():
+        same = [sec for t, m, sec in measured if t == task and m == n]
+        per_run[task] = sum(same) / len(same) if same else overhead + per_token * n
+    jobs = trained_jobs(preset)
+    train_s = sum(per_run[r.task] for r in jobs)
+    timings = [read_json(f / TIMINGS) or {} for f in folders]
+    test = [t["test"] for t in timings if t.get("test", {}).get("jobs")]
+    test_per_job = sum(t[key] for t in test) / sum(t["jobs"] for t in test) if test else None
+    speed = [t["speed"][key] for t in timings if t.get("speed", {}).get("jobs")]
+    out = {
+        "overhead_s": overhead,
+        "tokens_per_s": 1 / per_token,
+        "trained_runs": len(jobs),
+        "tokens_per_run": tokens,
+        "seconds_per_run": per_run,
+        "train_s": train_s,
+        "test_jobs": eval_job_count(preset),
+        "test_s": None if test_per_job is None else test_per_job * eval_job_count(preset),
+        "speed_s": max(speed) if speed else None,
+    }
+    out["total_s"] = sum(v for k, v in out.items() if k in ("train_s", "test_s", "speed_s") and v is not None)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
+    parser.add_argument("--measured", nargs="+", type=Path, required=True, help="runs folders with finished runs")
+    parser.add_argument("--seconds", choices=("cpu", "wall"), default="cpu")
+    args = parser.parse_args(argv)
+    result = estimate(PRESETS[args.preset], args.measured, f"{args.seconds}_s")
+    for key, value in result.items():
+        print(f"{key}: {value:,.1f}" if isinstance(value, float) else f"{key}: {value}")
+    print(f"total: {result['total_s'] / 60:.1f} minutes ({args.seconds} seconds; missing stages not counted)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""The protocol (Zoology's, adapted): which runs a preset makes, in which order, how the learning rate is chosen, and
+the statistics the report shows.
+
+Stages, each resumable (a run with its summary.json, or its test.json, is never redone):
+1. "sweep": every trained entry of every task at each of the task's learning rates, seed `seeds[0]`;
+2. "seeds": a headline entry's other seeds at its best learning rate, once its sweep is complete;
+3. "test": every run at the best learning rate evaluated on the test draws; a quantized-cache entry evaluates its
+   base's runs there.
+The best learning rate maximises the task's metric (minimises a loss) on the trainer's eval at 1x, the eval split's
+batches 0..eval_batches-1 (summary.json); ties go to the smaller rate. The reported numbers are the test eval's
+(eval-split batches from TEST_OFFSET on: draws the selection never saw). `--part k/n` runs every n-th job of each
+stage, so parts run side by side or one after another; `--only task=mqar,entry=power` filters.
+"""
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from experiments.compare.presets import Preset
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run (or, for a quantized-cache entry, one evaluation of its base's run)."""
+
+    task: str
+    entry: str
+    lr: float
+    seed: int
+
+    def folder(self, runs: Path) -> Path:
+        """Where the run writes: <runs>/<task>/<entry>/lr<lr>/seed<seed>/."""
+        return runs / self.task / self.entry / f"lr{self.lr:g}" / f"seed{self.seed}"
+
+    def fields(self) -> dict:
+        return {"task": self.task, "entry": self.entry, "lr": self.lr, "seed": self.seed}
+
+
+def sweep_runs(preset: Preset) -> list[Run]:
+    """Stage 1: every trained entry of every task at each learning rate, with the task's first seed."""
+    return [
+        Run(task, entry, lr, spec.seeds[0])
+        for task, spec in preset.tasks.items()
+        for entry in preset.task_entries(task)
+        if preset.entries[entry].trained
+        for lr in spec.lrs
+    ]
+
+
+def seeds_of(preset: Preset, task: str, entry: str) -> tuple[int, ...]:
+    """The seeds reported for `entry` on `task`: all the task's for headline entries, the first for the others."""
+    seeds = preset.tasks[task].seeds
+    return seeds if entry in preset.headline else seeds[:1]
+
+
+def trained_entry(preset: Preset, entry: str) -> str:
+    """The entry whose runs `entry` reports: itself, or its base for a quantized-cache entry."""
+    spec = preset.entries[entry]
+    return entry if spec.trained else spec.base
+
+
+def best_lr(values: dict[float, float | None], higher_is_better: bool) -> float | None:
+    """The learning rate with the best selection value; None while any is missing. Non-finite values (a run that
+    diverged) lose; ties go to the smaller rate."""
+    if not values or any(v is None for v in values.values()):
+        return None
+    finite = lambda v: v == v and abs(v) != float("inf")
+    sign = 1 if higher_is_better else -1
+    return min(values, key=lambda lr: (not finite(values[lr]), -sign * values[lr] if finite(values[lr]) else 0, lr))
+
+
+def mean_range(values: list[float]) -> tuple[float, float, float]:
+    """(mean, min, max) of the seeds' values."""
+    return statistics.fmean(values), min(values), max(values)
+
+
+def in_part(index: int, part: tuple[int, int]) -> bool:
+    """Whether job `index` of a stage belongs to part k of n (1-based): every n-th job, so parts mix tasks."""
+    k, n = part
+    return index % n == k - 1
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """ "k/n" -> (k, n) with 1 <= k <= n."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--part must be k/n with integers 1 <= k <= n, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--part must be k/n with integers 1 <= k <= n, got {text!r}")
+    return k, n
+
+
+FILTER_KEYS = ("task", "entry", "stage")
+
+
+def parse_only(items: list[str]) -> dict[str, set[str]]:
+    """["task=mqar,passkey", "entry=power"] -> {"task": {"mqar", "passkey"}, "entry": {"power"}}: comma-separated
+    key=value pairs, a bare value adding to the key before it; several --only flags combine."""
+    out: dict[str, set[str]] = {}
+    for item in items:
+        key = None
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            if sep:
+                key = name
+            else:
+                value = part
+            if key not in FILTER_KEYS or not value:
+                raise ValueError(f"--only takes key=value[,value] with keys {FILTER_KEYS}, got {item!r}")
+            out.setdefault(key, set()).add(value)
+    return out
+
+
+def selected(only: dict[str, set[str]], **fields: str) -> bool:
+    """Whether a job with these fields (task, entry, stage) passes the --only filter."""
+    return all(fields[key] in values for key, values in only.items() if key in fields)

@@ -1,0 +1,109 @@
+"""The comparison's numbers from quality.json (quality.collect): each entry's best learning rate, its seeds' test
+values at each length, their mean and range, and what a cell says when a run is missing, skipped or pending. The
+report's tables and plots read only this.
+"""
+
+import math
+from dataclasses import dataclass
+
+from experiments.compare.protocol import best_lr, mean_range
+from experiments.compare.runs import METRICS, selection_value
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell: the seeds' values (mean, min, max, count), or a note ("not run (memory: ...)", "pending")."""
+
+    mean: float = math.nan
+    lo: float = math.nan
+    hi: float = math.nan
+    n: int = 0
+    note: str = ""
+
+    @property
+    def below(self) -> float:
+        """mean - min, never negative (the error bar below the mean)."""
+        return max(0.0, self.mean - self.lo)
+
+    @property
+    def above(self) -> float:
+        """max - mean, never negative."""
+        return max(0.0, self.hi - self.mean)
+
+    def text(self, digits: int = 3) -> str:
+        """ "0.812 (0.790-0.840)" over several seeds, "0.812" for one, else the note."""
+        if self.n == 0:
+            return self.note or "pending"
+        value = f"{self.mean:.{digits}f}"
+        return value if self.n == 1 else f"{value} ({self.lo:.{digits}f}-{self.hi:.{digits}f})"
+
+
+class Results:
+    """quality.json's runs, indexed by (task, entry, lr, seed)."""
+
+    def __init__(self, quality: dict):
+        self.quality = quality
+        self.tasks, self.entries, self.roles = quality["tasks"], quality["entries"], quality["roles"]
+        self.runs = {(r["task"], r["entry"], r["lr"], r["seed"]): r for r in quality["runs"]}
+
+    def trained(self, entry: str) -> str:
+        """The entry whose training runs `entry` reports (a quantized-cache entry's base)."""
+        spec = self.entries[entry]
+        return entry if spec["kv_cache_bits"] is None else spec["base"]
+
+    def metric(self, task: str):
+        return METRICS[self.tasks[task]["data"]]
+
+    def sweep(self, task: str, entry: str) -> dict[float, float | None]:
+        """{lr: selection value (trainer eval at 1x) of the first seed's run, None where not finished}."""
+        seed = self.tasks[task]["seeds"][0]
+        out = {}
+        for lr in self.tasks[task]["lrs"]:
+            run = self.runs.get((task, self.trained(entry), lr, seed))
+            summary = run and run["summary"]
+            out[lr] = None if summary is None else selection_value(summary, self.tasks[task]["data"])
+        return out
+
+    def best_lr(self, task: str, entry: str) -> float | None:
+        return best_lr(self.sweep(task, entry), self.metric(task).higher_is_better)
+
+    def best_runs(self, task: str, entry: str) -> list[dict]:
+        """The entry's runs at its best lr (each seed it reports), only those present in quality.json."""
+        lr = self.best_lr(task, entry)
+        return [r for (t, e, r_lr, _), r in self.runs.items() if (t, e, r_lr) == (task, entry, lr)]
+
+    def summary(self, task: str, entry: str) -> dict | None:
+        """A finished summary of the entry's training on `task` (its layers and parameters), if any."""
+        runs = [r for (t, e, _, _), r in self.runs.items() if (t, e) == (task, self.trained(entry)) and r["summary"]]
+        return runs[0]["summary"] if runs else None
+
+    def layer_kinds(self, task: str, entry: str) -> str:
+        s = self.summary(task, entry)
+        return s["layer_kinds"] if s else "?"
+
+    def test_lengths(self, task: str) -> list[int]:
+        """Every length any test eval of the task holds, sorted."""
+        return sorted({int(L) for (t, *_), r in self.runs.items() if t == task and r["test"] for L in r["test"]})
+
+    def cell(self, task: str, entry: str, length: int) -> Cell:
+        """The test metric at `length` over the entry's seeds at its best lr (a note when skipped or pending)."""
+        if entry not in self.tasks[task].get("entries", [entry]):
+            return Cell(note="not run on this task")
+        if self.best_lr(task, entry) is None:
+            return Cell(note="pending (lr sweep)")
+        metric, values, notes = self.metric(task), [], set()
+        for run in self.best_runs(task, entry):
+            if run["test"] is None:
+                continue
+            result = run["test"].get(str(length), {"skipped": "-"})  # a length this entry is not evaluated at
+            if "skipped" in result:
+                notes.add(result["skipped"])
+            elif (value := metric.value(result)) is not None:
+                values.append(value)
+        if not values:
+            return Cell(note="; ".join(sorted(notes)) or "pending")
+        return Cell(*mean_range(values), n=len(values))
+
+    def cache_bytes(self, task: str, entry: str) -> int:
+        """The entry's decode-cache bytes for one sequence at the task's training length."""
+        return self.tasks[task]["cache_bytes"][entry]

@@ -1,0 +1,191 @@
+"""The quality sections of the comparison report (quality.json through experiments/compare/results.py): the protocol,
+each task's test metric at every length (mean and range over seeds, at each entry's best learning rate) with its
+plot, the learning-rate sweeps, loss by position, training curves and the appendix of every run's command.
+"""
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from experiments.compare.results import Results
+from experiments.compare.runs import position_losses, train_loss_curve
+from experiments.formatting import md_table, tokens
+from experiments.plotting import color, label, log_ticks, save
+
+
+def lr_text(lr: float | None) -> str:
+    return "pending" if lr is None else f"{lr:g}"
+
+
+def protocol_section(res: Results) -> list[str]:
+    """How the numbers were made: per task its cell, tokens, learning rates and seeds; which split selects and
+    which reports."""
+    rows = []
+    for task, t in res.tasks.items():
+        cell = f"T={t['seq_len']}"
+        if t["num_kv_pairs"]:
+            cell += f", {t['num_kv_pairs']} pairs, vocab {t['vocab_size']}, queries >= {t['min_gap']} tokens after"
+        seeds = ", ".join(map(str, t["seeds"]))
+        lrs = ", ".join(f"{lr:g}" for lr in t["lrs"])
+        rows.append([task, cell, f"{t['tokens_per_run']:,}", lrs, seeds, f"{t['matched_window']}"])
+    return [
+        "## Protocol",
+        "",
+        "Every entry is trained at each learning rate with the first seed, and reported at its best: the lr with the "
+        "best metric on the trainer's eval at the training length (summary.json: eval-split batches 0.., the "
+        "*selection* split). Headline entries then train the other seeds at that lr; ablation and frontier entries "
+        "report the first seed. Every number in the tables below is the *test* eval: eval-split batches from index "
+        "1,000,000 on, draws the selection never saw (for text: other windows of the same held-out documents). "
+        "Cells show the mean over seeds and, in brackets, the range; plots draw the range as error bars. Every entry "
+        "of a task trains on the same tokens (the same data, batch, length and steps) with the same parameter count "
+        "(d_model sized to target_params).",
+        "",
+        md_table(["task", "cell", "tokens per run", "learning rates", "seeds", "matched window"], rows),
+        "",
+    ]
+
+
+def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
+    """The task's table (every entry at every test length) and its plot (headline entries, error bars)."""
+    t, metric = res.tasks[task], res.metric(task)
+    lengths = res.test_lengths(task) or [t["seq_len"]]
+    rows = []
+    for entry in t["entries"]:
+        summary = res.summary(task, entry)
+        params = f"{summary['params']:,}" if summary else "?"
+        cells = [res.cell(task, entry, L).text() for L in lengths]
+        rows.append([label(entry, res.layer_kinds(task, entry)), params, lr_text(res.best_lr(task, entry)), *cells])
+    some = next((r["test"][str(lengths[0])] for r in res.quality["runs"] if r["task"] == task and r["test"]), {})
+    name = metric.label(some)
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
+    for entry in (e for e in res.roles["headline"] if e in t["entries"]):
+        cells = [(L, res.cell(task, entry, L)) for L in lengths]
+        cells = [(L, c) for L, c in cells if c.n]
+        if cells:
+            xs, mid = [L for L, _ in cells], [c.mean for _, c in cells]
+            err = [[c.below for _, c in cells], [c.above for _, c in cells]]
+            kinds = res.layer_kinds(task, entry)
+            ax.errorbar(xs, mid, yerr=err, fmt="o-", capsize=3, color=color(entry), label=label(entry, kinds))
+    if t["num_kv_pairs"]:
+        ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
+        ax.axhline(2 / t["vocab_size"], color="k", ls=":", lw=1, label=f"chance (1 of {t['vocab_size'] // 2} values)")
+    ax.set(xlabel="eval length (tokens)", ylabel=name, title=f"{task}: trained at T={t['seq_len']}")
+    log_ticks(ax, lengths)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    header = ["model (layers)", "params", "best lr", *(f"@{tokens(L)}" for L in lengths)]
+    return [
+        f"### {task}: test {name} (mean (range) over seeds)",
+        "",
+        md_table(header, rows),
+        "",
+        f"![{task}]({rel}/{save(fig, figdir / f'quality_{task}.png')})",
+        "",
+    ]
+
+
+def sweep_cell(value: float | None, best: bool) -> str:
+    """One run's selection value, in bold when its lr is the entry's best."""
+    return "pending" if value is None else (f"**{value:.3f}**" if best else f"{value:.3f}")
+
+
+def lr_section(res: Results) -> list[str]:
+    """Each entry's selection metric at each learning rate (the best in bold)."""
+    out = ["## Learning-rate sweeps (selection split, first seed)", ""]
+    for task, t in res.tasks.items():
+        rows = []
+        for entry in (e for e in t["entries"] if res.entries[e]["kv_cache_bits"] is None):
+            best = res.best_lr(task, entry)
+            rows.append([entry, *(sweep_cell(v, lr == best) for lr, v in res.sweep(task, entry).items())])
+        out += [f"{task}:", "", md_table(["entry", *(f"lr {lr:g}" for lr in t["lrs"])], rows), ""]
+    return out
+
+
+def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
+    """Loss by position at each eval length (the trainer's eval of the best first-seed runs), where the runs'
+    summary.json has it (the text task, once the data issue adds the buckets)."""
+    out = []
+    for task, t in res.tasks.items():
+        curves = {}
+        for entry in (e for e in res.roles["headline"] if e in t["entries"]):
+            runs = [r for r in res.best_runs(task, entry) if r["summary"]]
+            if runs:
+                evals = runs[0]["summary"]["eval"]
+                longest = max(evals, key=int)
+                if buckets := position_losses(evals[longest]):
+                    curves[entry] = (int(longest), buckets)
+        if not curves:
+            continue
+        fig = Figure(figsize=(6.5, 4.2))
+        ax = fig.subplots()
+        for entry, (L, buckets) in curves.items():
+            name = label(entry, res.layer_kinds(task, entry)) + f" at {tokens(L)}"
+            ax.plot([p + 1 for p in buckets], list(buckets.values()), "o-", color=color(entry), label=name)
+        ax.axvline(t["seq_len"], color="gray", ls="--", lw=1, label=f"training length {t['seq_len']}")
+        ax.set(xscale="log", xlabel="position (tokens, bucket start + 1)", ylabel="mean loss in the bucket")
+        ax.set_title(f"{task}: loss by position (selection split, first seed)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        out += [f"### {task}: loss by position", "", f"![position]({rel}/{save(fig, figdir / f'position_{task}.png')})"]
+        out += [""]
+    return out
+
+
+def curves_section(res: Results, figdir: Path, rel: str) -> list[str]:
+    """Training loss against tokens and against wall time (TensorBoard), the best first-seed run of each headline
+    entry; left out when the run folders are not on this machine."""
+    runs_dir = Path(res.quality.get("runs_dir", ""))
+    if not runs_dir.is_dir():
+        return ["## Training curves", "", f"TensorBoard logs not found under `{runs_dir}`: curves left out.", ""]
+    tasks = list(res.tasks)
+    fig = Figure(figsize=(5 * len(tasks), 7.5))
+    axes = fig.subplots(2, len(tasks), squeeze=False)
+    for col, task in enumerate(tasks):
+        tokens_per_step = res.tasks[task]["tokens_per_run"] / max(1, _steps(res, task))
+        for entry in (e for e in res.roles["headline"] if e in res.tasks[task]["entries"]):
+            runs = [r for r in res.best_runs(task, entry) if r["summary"]]
+            curve = train_loss_curve(Path(runs[0]["folder"]) / "tb") if runs else []
+            if curve:
+                steps, wall, loss = zip(*curve)
+                name = label(entry, res.layer_kinds(task, entry))
+                axes[0][col].plot([s * tokens_per_step for s in steps], loss, color=color(entry), label=name)
+                axes[1][col].plot(wall, loss, color=color(entry))
+        axes[0][col].set(title=f"{task}: train loss vs tokens", xlabel="tokens", ylabel="loss (nats per token)")
+        wall = "seconds since the run started (with compilation)"
+        axes[1][col].set(title=f"{task}: train loss vs wall time", xlabel=wall, ylabel="loss (nats per token)")
+        axes[0][col].legend(fontsize=7)
+    return [
+        "## Training curves",
+        "",
+        f"TensorBoard for all runs: `tensorboard --logdir {runs_dir}`.",
+        "",
+        f"![curves]({rel}/{save(fig, figdir / 'curves.png')})",
+        "",
+    ]
+
+
+def _steps(res: Results, task: str) -> int:
+    summary = next((r["summary"] for r in res.quality["runs"] if r["task"] == task and r["summary"]), None)
+    return summary["steps"] if summary else 1
+
+
+def runs_appendix(res: Results) -> list[str]:
+    """Every run: its folder (config.yaml, compare.json, summary.json, test.json beside the trainer's files), its
+    state, wall time and the exact command that repeats it."""
+    rows = []
+    for r in res.quality["runs"]:
+        record = r["record"] or {}
+        state = "test done" if r["test"] else ("trained" if r["summary"] else "pending")
+        wall = f"{record['wall_s']:.0f} s" if "wall_s" in record else "-"
+        command = record.get("command") or (f"evaluates {record['evaluates']}" if "evaluates" in record else "-")
+        rows.append([r["task"], r["entry"], f"{r['lr']:g}", str(r["seed"]), state, wall, f"`{command}`"])
+    return [
+        "## Appendix: every run",
+        "",
+        "Each run folder holds config.yaml (the resolved config) and compare.json (its overrides); the command "
+        "repeats the run with train.py.",
+        "",
+        md_table(["task", "entry", "lr", "seed", "state", "train wall", "command"], rows),
+        "",
+    ]

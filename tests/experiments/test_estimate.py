@@ -1,0 +1,50 @@
+"""The time estimate of a preset (experiments/compare/estimate.py) on made-up measured runs with known seconds: the
+fitted overhead and rate, the job counts, and the stage seconds of <runs>/timings.json."""
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from experiments.compare.estimate import estimate, eval_job_count, fit, trained_jobs
+from experiments.compare.presets import SMOKE
+from experiments.compare.runs import timed
+
+
+def test_fit_recovers_overhead_and_rate():
+    points = [(1000, 5.0 + 1000 / 250), (5000, 5.0 + 5000 / 250), (3000, 5.0 + 3000 / 250)]
+    overhead, per_token = fit(points)
+    assert overhead == pytest.approx(5.0) and 1 / per_token == pytest.approx(250.0)
+    assert fit([(100, 3.0), (100, 5.0)]) == (0.0, pytest.approx(0.04))  # one token count: no overhead
+
+
+def test_smoke_job_counts():
+    """smoke: 4 trained entries x 2 lrs, and 3 headline entries' second seed; tests: 3 headline x 2 seeds, the
+    ablation once, the quantized-cache entry at its base's 2 seeds."""
+    assert len(trained_jobs(SMOKE)) == 4 * 2 + 3 and eval_job_count(SMOKE) == 3 * 2 + 1 + 2
+
+
+def made_up_run(folder, steps: int, batch: int, seq_len: int, cpu_s: float) -> None:
+    folder.mkdir(parents=True)
+    (folder / "compare.json").write_text(json.dumps({"task": "mqar", "cpu_s": cpu_s, "wall_s": 2 * cpu_s}))
+    cfg = {"trainer": {"steps": steps}, "data": {"batch_size": batch, "seq_len": seq_len}}
+    OmegaConf.save(OmegaConf.create(cfg), folder / "config.yaml")
+
+
+def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
+    made_up_run(tmp_path / "a", 10, 4, 64, 2.0 + 2560 / 1280)  # 2 s overhead, 1,280 tokens a second
+    made_up_run(tmp_path / "b", 30, 4, 64, 2.0 + 7680 / 1280)
+    clock = iter([0.0, 10.0, 100.0, 130.0])  # perf_counter, process_time at start; then at the end
+    monkeypatch.setattr("experiments.compare.runs.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("experiments.compare.runs.time.process_time", lambda: next(clock))
+    with timed(tmp_path, "test", 4):  # 4 test jobs: 100 wall and 120 CPU seconds
+        pass
+    assert json.loads((tmp_path / "timings.json").read_text())["test"] == {"jobs": 4, "wall_s": 100.0, "cpu_s": 120.0}
+    out = estimate(SMOKE, [tmp_path], "cpu_s")
+    tokens = 3 * 4 * 64  # smoke's mqar: 3 steps of 4 x 64 tokens
+    assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
+    assert out["train_s"] == pytest.approx(11 * (2.0 + tokens / 1280))
+    assert out["test_s"] == pytest.approx(9 * 30.0) and out["speed_s"] is None
+    assert out["total_s"] == pytest.approx(out["train_s"] + out["test_s"])
+    made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
+    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(11 * 7.0)

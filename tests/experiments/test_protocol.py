@@ -1,0 +1,171 @@
+"""The protocol's machinery (experiments/compare/protocol.py, quality.py): best-lr choice, stage order, parts, filters
+and resumption on fake run folders (no training), then one tiny comparison end to end: the files each run keeps,
+the command that repeats it, the test eval (decode path, memory and time notes) and the report."""
+
+import dataclasses
+import json
+import math
+import shlex
+
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from experiments.compare import quality
+from experiments.compare.evaluate import _forward_sums, decode_sums, evaluate_run
+from experiments.compare.models import compose_config, config_yaml
+from experiments.compare.presets import SMOKE, TEST_OFFSET, Task
+from experiments.compare.protocol import Run, best_lr, in_part, mean_range, parse_only, parse_part, selected
+from experiments.compare.quality import collect, run_overrides, run_stages, stage_jobs
+from experiments.compare.runs import CONFIG, RECORD, SUMMARY, TEST, load_params
+from experiments.report import write_report
+from retention.nn import LM
+from retention.train.config import make_dataset, make_lm_config
+
+
+def test_best_lr_prefers_the_better_then_the_smaller_and_waits_for_all():
+    assert best_lr({1e-3: 0.5, 3e-3: 0.9, 1e-2: 0.7}, higher_is_better=True) == 3e-3
+    assert best_lr({1e-3: 2.0, 3e-3: 1.5, 1e-2: 1.7}, higher_is_better=False) == 3e-3
+    assert best_lr({1e-2: 0.4, 1e-3: 0.4}, higher_is_better=True) == 1e-3  # a tie: the smaller
+    assert best_lr({1e-3: 0.1, 1e-2: math.nan}, higher_is_better=True) == 1e-3  # diverged: never best
+    assert best_lr({1e-3: math.nan, 1e-2: math.inf}, higher_is_better=False) == 1e-3
+    assert best_lr({1e-3: 0.1, 1e-2: None}, higher_is_better=True) is None  # a run still missing
+
+
+def test_mean_range():
+    assert mean_range([0.2, 0.5, 0.8]) == (pytest.approx(0.5), 0.2, 0.8)
+
+
+def test_parts_split_every_stage_without_overlap():
+    parts = [[i for i in range(10) if in_part(i, (k, 3))] for k in (1, 2, 3)]
+    assert sorted(sum(parts, [])) == list(range(10)) and all(parts)
+    assert parse_part("2/4") == (2, 4)
+    for bad in ("0/3", "4/3", "x", "1-2"):
+        with pytest.raises(ValueError, match="--part must be k/n"):
+            parse_part(bad)
+
+
+def test_only_filters_jobs():
+    only = parse_only(["task=mqar,passkey", "entry=power"])
+    assert only == {"task": {"mqar", "passkey"}, "entry": {"power"}}
+    assert selected(only, task="passkey", entry="power", stage="sweep")
+    assert not selected(only, task="text", entry="power", stage="sweep")
+    with pytest.raises(ValueError, match="--only takes key=value"):
+        parse_only(["model=power"])
+
+
+FAKE = dataclasses.replace(
+    SMOKE, tasks={"mqar": dataclasses.replace(SMOKE.tasks["mqar"], lrs=(1e-3, 3e-3, 1e-2), seeds=(0, 5))}
+)
+
+
+def fake_summary(folder, accuracy: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = {"seq_len": 64, "eval": {"64": {"accuracy": accuracy}}, "layer_kinds": "PP", "params": 1, "steps": 3}
+    (folder / SUMMARY).write_text(json.dumps(summary))
+
+
+def test_seeds_wait_for_the_whole_sweep_then_run_at_the_best_lr(tmp_path):
+    for lr, acc in ((1e-3, 0.2), (3e-3, 0.6)):
+        fake_summary(Run("mqar", "power", lr, 0).folder(tmp_path), acc)
+    assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power"]  # 1e-2 still missing
+    fake_summary(Run("mqar", "power", 1e-2, 0).folder(tmp_path), 0.4)
+    assert [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power"] == [Run("mqar", "power", 3e-3, 5)]
+    assert [r for r in stage_jobs(FAKE, tmp_path, "test") if r.entry == "power"] == [Run("mqar", "power", 3e-3, 0)]
+    # ablations report the first seed only; the quantized-cache entry follows its base (softmax: not swept yet)
+    assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry in ("power_nogate", "softmax_kv4")]
+
+
+def test_finished_runs_are_reused_not_retrained(tmp_path, monkeypatch):
+    """Folders with summary.json (and test.json) are read back: a call that would train or evaluate fails."""
+    for run in stage_jobs(FAKE, tmp_path, "sweep"):
+        fake_summary(run.folder(tmp_path), 0.5)
+    for stage in ("seeds", "test"):
+        for run in stage_jobs(FAKE, tmp_path, stage):
+            fake_summary(run.folder(tmp_path), 0.5)
+        for run in stage_jobs(FAKE, tmp_path, stage):
+            (run.folder(tmp_path) / TEST).write_text("{}") if stage == "test" else None
+    monkeypatch.setattr(quality, "train", lambda *a: pytest.fail("retrained a finished run"))
+    monkeypatch.setattr(quality, "evaluate_run", lambda *a: pytest.fail("re-evaluated a finished run"))
+    for k in (1, 2):
+        run_stages(FAKE, tmp_path, part=(k, 2))
+
+
+TINY_TASK = Task(
+    "mqar",
+    SMOKE.tasks["mqar"].overrides,
+    lrs=(1e-2,),
+    seeds=(0,),
+    test_scales=(1,),
+    long_lengths=(256,),
+    test_batches=1,
+    test_tokens=256,
+    decode_chunk=16,
+)
+TINY = dataclasses.replace(
+    SMOKE,
+    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4")},
+    headline=("softmax", "power"),
+    ablations=(),
+    frontier=("softmax_kv4",),
+    tasks={"mqar": TINY_TASK},
+    long_eval_skip={"softmax": "time on this machine"},
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny comparison run once: its runs folder."""
+    runs = tmp_path_factory.mktemp("runs")
+    assert run_stages(TINY, runs) == {"sweep": 0, "seeds": 0, "test": 0}
+    return runs
+
+
+def test_each_run_keeps_its_config_command_summary_and_test(tiny):
+    folder = Run("mqar", "power", 1e-2, 0).folder(tiny)
+    record = json.loads((folder / RECORD).read_text())
+    words = shlex.split(record["command"])
+    assert words[:2] == ["python", "train.py"] and words[-1] == f"hydra.run.dir={folder}"
+    assert config_yaml(compose_config(words[2:-1])) == (folder / CONFIG).read_text()  # the command repeats it
+    assert record["overrides"] == [*run_overrides(TINY, Run("mqar", "power", 1e-2, 0)), f"trainer.peak_flops={3.24e11}"]
+    test = json.loads((folder / TEST).read_text())
+    assert set(test) == {"64", "256"} and 0 <= test["256"]["accuracy"] <= 1 and test["256"]["eval_bytes"] > 0
+    assert json.loads((folder / SUMMARY).read_text())["steps"] == 3
+
+
+def test_long_lengths_left_out_are_marked(tiny):
+    test = json.loads((Run("mqar", "softmax", 1e-2, 0).folder(tiny) / TEST).read_text())
+    assert test["256"] == {"skipped": "not run: time on this machine"} and "accuracy" in test["64"]
+    kv4 = json.loads((Run("mqar", "softmax_kv4", 1e-2, 0).folder(tiny) / TEST).read_text())
+    assert set(kv4) == {"64"}  # the frontier reads the training length
+    squeezed = dataclasses.replace(TINY, long_eval_bytes=1)
+    cfg = compose_config(run_overrides(TINY, Run("mqar", "power", 1e-2, 0)))
+    out = evaluate_run(squeezed, Run("mqar", "power", 1e-2, 0), cfg, Run("mqar", "power", 1e-2, 0).folder(tiny))
+    assert all(v["skipped"].startswith("not run: memory") for v in out.values())
+
+
+def test_decode_eval_with_a_float_cache_equals_the_forward(tiny):
+    """The decode path of the quantized-cache eval, run with a float cache, gives the full forward's sums."""
+    run = Run("mqar", "softmax", 1e-2, 0)
+    cfg = compose_config(run_overrides(TINY, run))
+    lm = make_lm_config(cfg.model, make_dataset(cfg.data, 0).vocab_size)
+    params = load_params(cfg, lm, run.folder(tiny))
+    model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(0)))), params)
+    b = make_dataset(dataclasses.replace(cfg.data, batch_size=3), 0).batch(TEST_OFFSET, seq_len=64, split="eval")
+    inputs, targets = jnp.asarray(b.inputs), jnp.asarray(b.targets)
+    full = _forward_sums(nnx.graphdef(model), params, inputs, targets)
+    stepped = decode_sums(model, inputs, targets, chunk=16)
+    for key in full:
+        assert float(stepped[key]) == pytest.approx(float(full[key]), rel=1e-5), key
+
+
+def test_collect_and_report(tiny, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    meta = {"preset": "tiny", "command": "test", "machine": {"device": "cpu", "backend": "cpu", "devices": 1}}
+    meta["machine"].update(cpus=2, jax="0", date="today")
+    (data / "quality.json").write_text(json.dumps({**meta, **collect(TINY, tiny)}))
+    write_report(data, tmp_path / "REPORT.md", op_speed=None)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "| softmax (AA) |" in text and "not run: time on this machine" in text
+    assert "## The frontier: mqar accuracy against decode-state bytes at T=64" in text
