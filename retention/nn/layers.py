@@ -1,4 +1,5 @@
-"""Small pieces shared by the mixers and the model: argument checks, rotary position embedding, the SwiGLU MLP."""
+"""Small pieces shared by the mixers and the model: argument checks, rotary position embedding, QK RMSNorm, the
+SwiGLU MLP."""
 
 import jax.numpy as jnp
 from flax import nnx
@@ -38,6 +39,18 @@ def apply_rope(x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], b
     x1 = x_BTHd[..., :half].astype(jnp.float32)
     x2 = x_BTHd[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_BTHd.dtype)
+
+
+class QKNorm(nnx.Module):
+    """RMSNorm over the head dim of q and of k (one learnt scale [head_dim] each), as in Brumby and OLMo 2."""
+
+    def __init__(self, head_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_norm, self.k_norm = norm(), norm()
+
+    def __call__(self, q_BTHd, k_BTHd):
+        """(q, k) normalised over their last axis: [B, T, Hq, d] and [B, T, H, d]."""
+        return self.q_norm(q_BTHd), self.k_norm(k_BTHd)
 
 
 class SwiGLU(nnx.Module):

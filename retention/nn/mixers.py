@@ -10,9 +10,13 @@ Both map x [B, T, D] to y [B, T, D] with `__call__(x, *, positions, cache=None) 
 Under a mesh whose "sequence" axis splits the tokens (`jax.set_mesh`, as the trainer does), the full forward
 runs the context-parallel ops (`power_retention_context_parallel`, `softmax_attention_context_parallel`); the
 results are the same.
-A retention cache is a RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any length); an
-attention cache is a KVCache of keys and values (a ring buffer of window + n - 1 slots for a sliding window).
+A retention cache is a RetentionCache: the RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at
+any length) and, with `conv_size`, the short convolution's last conv_size - 1 inputs (retention/nn/conv.py); an
+attention cache is an AttentionCache: a KVCache of keys and values (a ring buffer of window + n - 1 slots for a
+sliding window) and the same conv cache.
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +24,8 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.nn.layers import apply_rope, check_heads, check_rope_base
+from retention.nn.conv import QKVConv, QKVConvCache, check_conv_size
+from retention.nn.layers import QKNorm, apply_rope, check_heads, check_rope_base
 from retention.ops import (
     ATTENTION_IMPLS,
     RETENTION_IMPLS,
@@ -39,9 +44,53 @@ from retention.ops import (
     softmax_attention_step,
 )
 from retention.ops.attention import check_window
-from retention.validation import check_choice, check_int
+from retention.validation import check_choice, check_int, check_number
 
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
+
+
+class RetentionCache(NamedTuple):
+    """A power-retention layer's decode cache: its state and the conv cache (None without a convolution)."""
+
+    state: RetentionState
+    conv: QKVConvCache | None
+
+
+class AttentionCache(NamedTuple):
+    """An attention layer's decode cache: its keys and values and the conv cache (None without a convolution)."""
+
+    kv: KVCache
+    conv: QKVConvCache | None
+
+
+def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, param_dtype, rngs):
+    """The optional pieces between the projections and the op: (QKVConv or None, QKNorm or None)."""
+    check_conv_size("conv_size", conv_size)
+    conv = (
+        QKVConv(heads * head_dim, kv_heads * head_dim, conv_size, param_dtype=param_dtype, rngs=rngs)
+        if conv_size
+        else None
+    )
+    norm = QKNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if qk_norm else None
+    return conv, norm
+
+
+def project_qkv(mixer, x_BTD, positions, conv_cache, decode: bool):
+    """q [B, T, Hq, d], k and v [B, T, H, d] of either mixer: projections, the short convolution (continuing
+    `conv_cache` when decoding), QK RMSNorm and RoPE as configured; and the new conv cache (None when not
+    decoding or without a convolution)."""
+    B, T, _ = x_BTD.shape
+    q, k, v = mixer.q_proj(x_BTD), mixer.k_proj(x_BTD), mixer.v_proj(x_BTD)
+    if mixer.conv is not None:
+        q, k, v, conv_cache = mixer.conv(q, k, v, cache=conv_cache if decode else None)
+    q = q.reshape(B, T, mixer.heads, mixer.head_dim)
+    k = k.reshape(B, T, mixer.kv_heads, mixer.head_dim)
+    v = v.reshape(B, T, mixer.kv_heads, mixer.head_dim)
+    if mixer.qk_norm is not None:
+        q, k = mixer.qk_norm(q, k)
+    if mixer.rope_base is not None:
+        q, k = apply_rope(q, positions, mixer.rope_base), apply_rope(k, positions, mixer.rope_base)
+    return q, k, v, conv_cache
 
 
 def cache_bytes(cache) -> int:
@@ -50,9 +99,10 @@ def cache_bytes(cache) -> int:
 
 
 class PowerRetention(nnx.Module):
-    """Power retention mixer: q, k, v projections (GQA), optional QK RMSNorm and RoPE, optional per-kv-head gate
-    log_g = log_sigmoid(x W_g + b_g), the power retention op, and the output projection. `impl` is the op's (one of
-    RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward only."""
+    """Power retention mixer: q, k, v projections (GQA), an optional causal short convolution on each (conv_size
+    taps, 0: none), optional QK RMSNorm and RoPE, optional per-kv-head gate log_g = log_sigmoid(x W_g + b_g) with
+    b_g initialised to gate_bias_init, the power retention op, and the output projection. `impl` is the op's (one
+    of RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward only."""
 
     def __init__(
         self,
@@ -63,7 +113,9 @@ class PowerRetention(nnx.Module):
         head_dim: int,
         deg: int = 2,
         gating: bool = True,
+        gate_bias_init: float = GATE_BIAS_INIT,
         qk_norm: bool = False,
+        conv_size: int = 0,
         rope_base: float | None = None,
         chunk_size: int | None = None,
         impl: str = "auto",
@@ -75,6 +127,7 @@ class PowerRetention(nnx.Module):
         check_heads(heads, kv_heads, head_dim)
         check_rope_base(rope_base, head_dim)
         check_deg(deg)
+        check_number("gate_bias_init", gate_bias_init)
         check_chunk_size(chunk_size)
         check_choice("impl", impl, RETENTION_IMPLS)
         self.heads, self.kv_heads, self.head_dim, self.deg = heads, kv_heads, head_dim, deg
@@ -88,7 +141,7 @@ class PowerRetention(nnx.Module):
             nnx.Linear(
                 d_model,
                 kv_heads,
-                bias_init=nnx.initializers.constant(GATE_BIAS_INIT),
+                bias_init=nnx.initializers.constant(gate_bias_init),
                 dtype=jnp.float32,
                 param_dtype=param_dtype,
                 rngs=rngs,
@@ -96,55 +149,48 @@ class PowerRetention(nnx.Module):
             if gating
             else None
         )
-        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_norm = norm() if qk_norm else None
-        self.k_norm = norm() if qk_norm else None
-
-    def _project(self, x_BTD, positions):
-        """q [B, T, Hq, d], k and v [B, T, H, d] (normed and rotated as configured), log_g [B, T, H] or None."""
-        B, T, _ = x_BTD.shape
-        q = self.q_proj(x_BTD).reshape(B, T, self.heads, self.head_dim)
-        k = self.k_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
-        v = self.v_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.rope_base is not None:
-            q, k = apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
-        log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
-        return q, k, v, log_g
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
 
     def __call__(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: RetentionState | None = None
-    ) -> tuple[Float[Array, "B T D"], RetentionState | None]:
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: RetentionCache | None = None
+    ) -> tuple[Float[Array, "B T D"], RetentionCache | None]:
         """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
-        T tokens continuing the cache's state (the step op). Returns (y [B, T, D], the new state or None)."""
+        T tokens continuing the cache (the step op). Returns (y [B, T, D], the new cache or None)."""
         B, T, _ = x_BTD.shape
-        q, k, v, log_g = self._project(x_BTD, positions)
+        decode = cache is not None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, cache.conv if decode else None, decode)
+        log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
         options = dict(deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
-        if cache is not None:
-            y, cache = power_retention_step(cache, q, k, v, log_g, **options)
+        if decode:
+            y, state = power_retention_step(cache.state, q, k, v, log_g, **options)
+            cache = RetentionCache(state, conv_cache)
         elif sequence_parallel_size() > 1:
             y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:
             y = power_retention(q, k, v, log_g, **options)
         return self.o_proj(y.reshape(B, T, self.heads * self.head_dim)), cache
 
-    def prefill(self, x_BTD, *, positions, cache: RetentionState):
-        """A prompt into a fresh state: the same as a call with the cache (the step op: one chunk against the state
+    def prefill(self, x_BTD, *, positions, cache: RetentionCache):
+        """A prompt into a fresh cache: the same as a call with the cache (the step op: one chunk against the state
         up to the chunk size, the chunked op from the state beyond)."""
         return self(x_BTD, positions=positions, cache=cache)
 
-    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionState:
-        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32: its size does not depend on max_len,
-        dtype or step_tokens (taken for the common mixer interface)."""
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionCache:
+        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32, and the conv cache in `dtype` (None:
+        float32): its size does not depend on max_len or step_tokens (taken for the common mixer interface)."""
         check_int("batch", batch)
         check_int("max_len", max_len)
-        return init_state(batch, self.kv_heads, self.head_dim, self.deg)
+        state = init_state(batch, self.kv_heads, self.head_dim, self.deg)
+        conv = None if self.conv is None else self.conv.init_cache(batch, jnp.float32 if dtype is None else dtype)
+        return RetentionCache(state, conv)
 
 
 class Attention(nnx.Module):
     """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
-    (GQA), optional RoPE, the softmax op, and the output projection. `impl` is the full-sequence op's (one of
+    (GQA), an optional causal short convolution on each (conv_size taps, 0: none), optional QK RMSNorm and RoPE,
+    the softmax op, and the output projection. `impl` is the full-sequence op's (one of
     ATTENTION_IMPLS); the decode step and the context-parallel op have one implementation each."""
 
     def __init__(
@@ -155,6 +201,8 @@ class Attention(nnx.Module):
         kv_heads: int,
         head_dim: int,
         window: int | None = None,
+        qk_norm: bool = False,
+        conv_size: int = 0,
         rope_base: float | None = 10000.0,
         impl: str = "auto",
         dtype=jnp.float32,
@@ -173,59 +221,55 @@ class Attention(nnx.Module):
         self.k_proj = linear(d_model, kv_heads * head_dim)
         self.v_proj = linear(d_model, kv_heads * head_dim)
         self.o_proj = linear(heads * head_dim, d_model)
-
-    def _project(self, x_BTD, positions):
-        """q [B, T, Hq, d] and k, v [B, T, H, d], q and k rotated when RoPE is on."""
-        B, T, _ = x_BTD.shape
-        q = self.q_proj(x_BTD).reshape(B, T, self.heads, self.head_dim)
-        k = self.k_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
-        v = self.v_proj(x_BTD).reshape(B, T, self.kv_heads, self.head_dim)
-        if self.rope_base is not None:
-            q, k = apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
-        return q, k, v
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
 
     def _out(self, y_BTHd):
         B, T = y_BTHd.shape[:2]
         return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
 
     def __call__(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: KVCache | None = None
-    ) -> tuple[Float[Array, "B T D"], KVCache | None]:
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: AttentionCache | None = None
+    ) -> tuple[Float[Array, "B T D"], AttentionCache | None]:
         """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds.
         Returns (y [B, T, D], the updated cache or None)."""
-        q, k, v = self._project(x_BTD, positions)
-        if cache is None and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
+        decode = cache is not None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, cache.conv if decode else None, decode)
+        if not decode and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
             return self._out(softmax_attention_context_parallel(q, k, v, window=self.window)), None
-        if cache is None:
+        if not decode:
             return self._out(softmax_attention(q, k, v, window=self.window, impl=self.impl)), None
-        y, cache = softmax_attention_step(cache, q, k, v, window=self.window)
-        return self._out(y), cache
+        y, kv = softmax_attention_step(cache.kv, q, k, v, window=self.window)
+        return self._out(y), AttentionCache(kv, conv_cache)
 
     def prefill(
-        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: KVCache
-    ) -> tuple[Float[Array, "B T D"], KVCache]:
+        self, x_BTD: Float[Array, "B T D"], *, positions: Int[Array, "*b T"], cache: AttentionCache
+    ) -> tuple[Float[Array, "B T D"], AttentionCache]:
         """A whole prompt at positions 0..T-1 into an empty cache: the full-sequence op for y, then the last
         min(T, slots) keys and values written at slots position % slots (a full cache must hold all T)."""
         T = x_BTD.shape[1]
-        L = cache.k.shape[2]  # KVCache k is [B, H, L, d]
+        kv = cache.kv
+        L = kv.k.shape[2]  # KVCache k is [B, H, L, d]
         if self.window is None and L < T:
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
-        q, k, v = self._project(x_BTD, positions)
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, cache.conv, decode=True)
         y = softmax_attention(q, k, v, window=self.window, impl=self.impl)
         kept = min(T, L)
         pos = jnp.arange(T - kept, T, dtype=jnp.int32)
-        cache = KVCache(
-            k=cache.k.at[:, :, pos % L].set(jnp.swapaxes(k[:, T - kept :], 1, 2).astype(cache.k.dtype)),
-            v=cache.v.at[:, :, pos % L].set(jnp.swapaxes(v[:, T - kept :], 1, 2).astype(cache.v.dtype)),
-            pos=cache.pos.at[pos % L].set(pos),
+        kv = KVCache(
+            k=kv.k.at[:, :, pos % L].set(jnp.swapaxes(k[:, T - kept :], 1, 2).astype(kv.k.dtype)),
+            v=kv.v.at[:, :, pos % L].set(jnp.swapaxes(v[:, T - kept :], 1, 2).astype(kv.v.dtype)),
+            pos=kv.pos.at[pos % L].set(pos),
             length=jnp.asarray(T, jnp.int32),
         )
-        return self._out(y), cache
+        return self._out(y), AttentionCache(kv, conv_cache)
 
-    def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> KVCache:
+    def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> AttentionCache:
         """An empty KV cache: max_len slots for full attention; window + step_tokens - 1 for a sliding window
-        (a ring buffer: enough for decode steps of up to step_tokens tokens, at any length)."""
+        (a ring buffer: enough for decode steps of up to step_tokens tokens, at any length); and the conv cache."""
         check_int("max_len", max_len)
         check_int("step_tokens", step_tokens)
         slots = max_len if self.window is None else self.window + step_tokens - 1
-        return init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)
+        kv = init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)
+        return AttentionCache(kv, None if self.conv is None else self.conv.init_cache(batch, dtype))
