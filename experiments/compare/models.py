@@ -31,12 +31,15 @@ def lm_cache_bytes(cfg: Config, length: int, vocab_size: int = 256) -> int:
 
 
 def matched_window(preset: Preset) -> int:
-    """The sliding window (tokens) whose KV cache has the bytes of the power model's state, rounded down."""
+    """The sliding window (tokens) whose KV cache has the bytes of the power model's state (its conv cache
+    included), rounded down: the KV cache's bytes per token and its fixed bytes (slot counters) from the softmax
+    model's cache at lengths 1 and 2."""
     power = compose_config(["model=power", *preset.model])
     softmax = compose_config(["model=softmax", *preset.model])
     state = lm_cache_bytes(power, 1)
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
-    return state // per_token
+    fixed = lm_cache_bytes(softmax, 1) - per_token
+    return (state - fixed) // per_token
 
 
 def model_overrides(name: str, preset: Preset, window: int) -> list[str]:
