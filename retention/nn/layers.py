@@ -1,5 +1,5 @@
 """Small pieces shared by the mixers and the model: argument checks, rotary position embedding and the positions
-it reads inside packed documents, the SwiGLU MLP."""
+it reads inside packed documents, QK RMSNorm, the SwiGLU MLP."""
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,18 @@ def document_positions(
     starts = segment_ids_BT != jnp.concatenate([previous[:, None], segment_ids_BT[:, :-1]], axis=1)
     last_start = jax.lax.cummax(jnp.where(starts, t, -1), axis=1)
     return jnp.where(last_start >= 0, t - last_start, offset[:, None] + t).astype(jnp.int32)
+
+
+class QKNorm(nnx.Module):
+    """RMSNorm over the head dim of q and of k (one learnt scale [head_dim] each), as in Brumby and OLMo 2."""
+
+    def __init__(self, head_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_norm, self.k_norm = norm(), norm()
+
+    def __call__(self, q_BTHd, k_BTHd):
+        """(q, k) normalised over their last axis: [B, T, Hq, d] and [B, T, H, d]."""
+        return self.q_norm(q_BTHd), self.k_norm(k_BTHd)
 
 
 class SwiGLU(nnx.Module):

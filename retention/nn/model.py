@@ -20,8 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.nn.conv import check_conv_size
 from retention.nn.layers import SwiGLU, check_heads, check_rope_base, document_positions
-from retention.nn.mixers import Attention, PowerRetention
+from retention.nn.mixers import GATE_BIAS_INIT, Attention, PowerRetention
 from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg, sympow_dim
 from retention.ops.attention import KV_CACHE_BITS
 from retention.ops.power_retention import default_chunk_size
@@ -62,8 +63,10 @@ class LMConfig:
     tie_embeddings: bool = True
     dtype: str = "float32"  # compute dtype (activations, KV cache); the retention state is always float32
     param_dtype: str = "float32"
-    gating: bool = True
-    qk_norm: bool = False
+    gating: bool = True  # P layers: a learnt per-kv-head decay gate
+    gate_bias_init: float = GATE_BIAS_INIT  # P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay)
+    qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
+    conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
     chunk_size: int | None = None
     retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
     attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
@@ -75,6 +78,8 @@ class LMConfig:
         check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
         check_pattern(self.pattern, self.n_layers)
         check_deg(self.deg)
+        check_number("gate_bias_init", self.gate_bias_init)
+        check_conv_size("conv_size", self.conv_size)
         check_number("mlp_ratio", self.mlp_ratio, low=0, open_low=True)
         check_rope_base(self.rope_base, self.head_dim)
         for name in ("dtype", "param_dtype"):
@@ -102,6 +107,11 @@ def _mixer_matmul_params(config: LMConfig, kind: str) -> int:
     return qkvo + (D * H if kind == "P" and config.gating else 0)
 
 
+def _conv_taps(config: LMConfig) -> int:
+    """Kernel weights of one mixer's short convolutions: conv_size per channel of q, k and v."""
+    return config.conv_size * (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+
+
 def _matmul_params(config: LMConfig) -> int:
     """Weights that multiply activations, per token: mixer projections, MLPs and the head (tied or not)."""
     mlp = 3 * config.d_model * config.mlp_hidden
@@ -114,15 +124,16 @@ def count_params(config: LMConfig) -> int:
     D, d, H = config.d_model, config.head_dim, config.n_kv_heads
     total = _matmul_params(config) + (0 if config.tie_embeddings else config.vocab_size * D)
     total += (2 * config.n_layers + 1) * D  # block norms and the final norm
-    retention_layers = config.layer_kinds.count("P")
-    total += retention_layers * ((H if config.gating else 0) + (2 * d if config.qk_norm else 0))
+    total += config.n_layers * (_conv_taps(config) + (2 * d if config.qk_norm else 0))
+    total += config.layer_kinds.count("P") * (H if config.gating else 0)  # the gates' biases
     return total
 
 
 def flops_per_token(config: LMConfig, T: int) -> float:
     """Forward matmul FLOPs per token over a sequence of T tokens (DESIGN section 1): 2 per matmul weight, plus
     per layer and query head 2*T*d for causal softmax (averaged over positions), 2*min(window, T)*d for a window,
-    and for power retention 2*D*d per kv head (state write) and per query head (read) plus 2*c*d in the chunk."""
+    and for power retention 2*D*d per kv head (state write) and per query head (read) plus 2*c*d in the chunk;
+    the short convolutions add 2 per tap and channel."""
     Hq, H, d = config.n_heads, config.n_kv_heads, config.head_dim
     c = config.chunk_size or default_chunk_size(T)
     D_phi = sympow_dim(d, config.deg)
@@ -131,7 +142,8 @@ def flops_per_token(config: LMConfig, T: int) -> float:
         "W": 2 * min(config.window, T) * d * Hq,
         "P": 2 * D_phi * d * (H + Hq) + 2 * c * d * Hq,
     }
-    return 2 * _matmul_params(config) + sum(per_kind[kind] for kind in config.layer_kinds)
+    convs = 2 * _conv_taps(config) * config.n_layers
+    return 2 * _matmul_params(config) + convs + sum(per_kind[kind] for kind in config.layer_kinds)
 
 
 def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
@@ -151,8 +163,8 @@ def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMC
 
 
 class LMCache(NamedTuple):
-    """Per-layer mixer caches (RetentionCache for P, KVCache for A and W), the tokens seen so far, and per row
-    the segment id of the last token and the RoPE position of the next one."""
+    """Per-layer mixer caches (RetentionCache for P, AttentionCache for A and W), the tokens seen so far, and per
+    row the segment id of the last token and the RoPE position of the next one."""
 
     layers: tuple
     length: Int[Array, ""]
@@ -169,6 +181,8 @@ class Block(nnx.Module):
             heads=config.n_heads,
             kv_heads=config.n_kv_heads,
             head_dim=config.head_dim,
+            qk_norm=config.qk_norm,
+            conv_size=config.conv_size,
             rope_base=config.rope_base,
             dtype=dtype,
             param_dtype=param_dtype,
@@ -181,7 +195,7 @@ class Block(nnx.Module):
                 config.d_model,
                 deg=config.deg,
                 gating=config.gating,
-                qk_norm=config.qk_norm,
+                gate_bias_init=config.gate_bias_init,
                 chunk_size=config.chunk_size,
                 impl=config.retention_impl,
                 **common,

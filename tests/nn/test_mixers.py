@@ -19,6 +19,9 @@ DIMS = dict(heads=4, kv_heads=2, head_dim=8)
         (PowerRetention, dict(chunk_size=100), "chunk_size"),
         (PowerRetention, dict(head_dim=7, rope_base=10000.0), "head_dim"),
         (PowerRetention, dict(impl="triton"), "impl"),
+        (PowerRetention, dict(conv_size=-1), "conv_size"),
+        (PowerRetention, dict(gate_bias_init=float("nan")), "gate_bias_init"),
+        (Attention, dict(conv_size=1.5), "conv_size"),
         (Attention, dict(window=0), "window"),
         (Attention, dict(kv_heads=3), "kv_heads"),
         (Attention, dict(rope_base=0.5), "rope_base"),
@@ -30,16 +33,20 @@ def test_constructor_validation(cls, kwargs, name):
 
 
 def test_cache_sizes():
-    """Retention: S and z, the same at any max_len; full attention grows with max_len; a window does not."""
-    P = PowerRetention(32, **DIMS, rngs=nnx.Rngs(0))
-    A = Attention(32, **DIMS, rngs=nnx.Rngs(0))
-    W = Attention(32, **DIMS, window=16, rngs=nnx.Rngs(0))
+    """Retention: S and z, the same at any max_len; full attention grows with max_len; a window does not. A short
+    convolution adds its conv_size - 1 inputs of q, k and v to each, whatever max_len is (P's only growth)."""
     size = lambda m, L, n=1: cache_bytes(jax.eval_shape(lambda: m.init_cache(3, L, jnp.float32, step_tokens=n)))
     D = 36  # C(8 + 1, 2)
-    assert size(P, 10) == size(P, 10**6) == 4 * 3 * 2 * D * (8 + 1)
-    assert size(A, 100) == 2 * 4 * 3 * 100 * 2 * 8 + 4 * 100 + 4  # k and v, slot positions, length
-    assert size(W, 100) == size(W, 10**6) == size(A, 16)
-    assert size(W, 100, n=4) == size(A, 16 + 3)
+    conv = lambda K: 4 * 3 * (K - 1) * (4 + 2 + 2) * 8  # float32, batch 3, q (4 heads), k and v (2 heads), d 8
+    for K in (0, 1, 4):
+        extra = conv(K) if K else 0
+        P = PowerRetention(32, **DIMS, conv_size=K, rngs=nnx.Rngs(0))
+        A = Attention(32, **DIMS, conv_size=K, rngs=nnx.Rngs(0))
+        W = Attention(32, **DIMS, window=16, conv_size=K, rngs=nnx.Rngs(0))
+        assert size(P, 10) == size(P, 10**6) == 4 * 3 * 2 * D * (8 + 1) + extra
+        assert size(A, 100) == 2 * 4 * 3 * 100 * 2 * 8 + 4 * 100 + 4 + extra  # k and v, slot positions, length
+        assert size(W, 100) == size(W, 10**6) == size(A, 16)
+        assert size(W, 100, n=4) == size(A, 16 + 3)
 
 
 def test_rope_is_relative():
@@ -50,19 +57,44 @@ def test_rope_is_relative():
     assert not jnp.allclose(dot(7, 3), dot(7, 4), rtol=1e-3)
 
 
-@pytest.mark.parametrize("cls, kwargs", [(PowerRetention, dict(qk_norm=True, rope_base=500.0)), (Attention, {})])
-def test_decode_steps_equal_forward(cls, kwargs):
-    """Prefill 9 rows, then 2 steps of 3 and 1: the rows equal the full forward over 13 (GQA, gated retention)."""
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [
+        (PowerRetention, dict(qk_norm=True, rope_base=500.0)),
+        (PowerRetention, dict(conv_size=4, qk_norm=True, gate_bias_init=1.0)),
+        (PowerRetention, dict(conv_size=4, gating=False)),
+        (Attention, {}),
+        (Attention, dict(conv_size=4, qk_norm=True)),
+        (Attention, dict(conv_size=4, window=5)),
+    ],
+)
+@pytest.mark.parametrize("n", [1, 3])
+def test_decode_steps_equal_forward(cls, kwargs, n):
+    """Prefill 8 rows, then steps of n tokens: the rows equal the full forward over 14 (GQA, gated retention; a
+    window of 5 wraps its ring buffer; the conv cache carries the last 3 inputs across every step)."""
     mixer = cls(32, **DIMS, **kwargs, rngs=nnx.Rngs(1))
-    x = jax.random.normal(jax.random.key(2), (2, 13, 32), dtype=jnp.float32)
-    pos = jnp.arange(13, dtype=jnp.int32)
+    x = jax.random.normal(jax.random.key(2), (2, 14, 32), dtype=jnp.float32)
+    pos = jnp.arange(14, dtype=jnp.int32)
     full, none = mixer(x, positions=pos)
     assert none is None
-    cache = mixer.init_cache(2, 13, jnp.float32, step_tokens=3)
+    cache = mixer.init_cache(2, 14, jnp.float32, step_tokens=n)
     pieces = []
-    for lo, hi in ((0, 9), (9, 12), (12, 13)):
+    for lo in (0, *range(8, 14, n)):
+        hi = 8 if lo == 0 else lo + n
         call = mixer.prefill if lo == 0 else mixer
         y, cache = call(x[:, lo:hi], positions=pos[lo:hi], cache=cache)
         pieces.append(y)
     got = jnp.concatenate(pieces, axis=1)
     assert float(jnp.linalg.norm(got - full) / jnp.linalg.norm(full)) < 1e-5
+
+
+def test_options_reach_the_parameters():
+    """gate_bias_init is the gate's initial bias; gating=False drops the gate; conv_size gives one [K, channels]
+    kernel per q, k, v; qk_norm one scale per q and k (both for attention too)."""
+    P = PowerRetention(32, **DIMS, conv_size=3, qk_norm=True, gate_bias_init=-1.5, rngs=nnx.Rngs(0))
+    assert jnp.all(P.gate_proj.bias[...] == -1.5)
+    assert [c.kernel.shape for c in (P.conv.q, P.conv.k, P.conv.v)] == [(3, 32), (3, 16), (3, 16)]
+    assert PowerRetention(32, **DIMS, gating=False, rngs=nnx.Rngs(0)).gate_proj is None
+    A = Attention(32, **DIMS, conv_size=2, qk_norm=True, rngs=nnx.Rngs(0))
+    assert A.conv.k.kernel.shape == (2, 16) and A.qk_norm.q_norm.scale.shape == (8,)
+    assert Attention(32, **DIMS, rngs=nnx.Rngs(0)).conv is None

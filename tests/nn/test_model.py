@@ -29,11 +29,13 @@ def tokens(key, B, T, vocab):
     return jax.random.randint(jax.random.key(key), (B, T), 0, vocab, dtype=jnp.int32)
 
 
-@pytest.mark.parametrize("pattern", ["A", "W", "P", "PPPA"])
-def test_prefill_then_decode_equals_forward(pattern):
+@pytest.mark.parametrize("pattern, conv_size", [("A", 0), ("W", 4), ("P", 0), ("P", 4), ("PPPA", 4)])
+def test_prefill_then_decode_equals_forward(pattern, conv_size):
     """Prefill 17 tokens (the chunked path for P: past the chunk of 16), then decode the other 12 one at a time
     and 3 at a time; the window of 5 makes the W ring buffer wrap. Logits equal one full forward of 29."""
-    config = dataclasses.replace(TINY, pattern=pattern, n_layers=max(2, len(pattern)), qk_norm=True)
+    config = dataclasses.replace(
+        TINY, pattern=pattern, n_layers=max(2, len(pattern)), qk_norm=True, conv_size=conv_size
+    )
     model = LM(config, rngs=nnx.Rngs(1))
     toks = tokens(2, 2, 29, config.vocab_size)
     full = nnx.jit(lambda m, t: m(t))(model, toks)
@@ -112,6 +114,9 @@ def test_decode_compiles_once():
         ("dtype", "int8"),
         ("param_dtype", "float64"),
         ("mlp_ratio", 0),
+        ("conv_size", -1),
+        ("conv_size", True),
+        ("gate_bias_init", float("inf")),
         ("retention_impl", "cuda"),
         ("retention_impl", "cudnn"),  # an attention path
         ("attention_impl", "pallas"),  # a retention path
@@ -150,10 +155,10 @@ def test_impls_reach_their_mixers():
 
 def test_param_count_and_size_config():
     """count_params agrees with the built model; size_config matches softmax, power and hybrid to 2 %."""
-    variants = [("A", True, False, True), ("PPPA", True, True, False), ("PW", False, True, True)]
-    for pattern, gating, qk_norm, tied in variants:
+    variants = [("A", True, False, True, 0), ("PPPA", True, True, False, 4), ("PW", False, True, True, 2)]
+    for pattern, gating, qk_norm, tied, conv_size in variants:
         config = dataclasses.replace(
-            TINY, pattern=pattern, n_layers=4, gating=gating, qk_norm=qk_norm, tie_embeddings=tied
+            TINY, pattern=pattern, n_layers=4, gating=gating, qk_norm=qk_norm, tie_embeddings=tied, conv_size=conv_size
         )
         assert LM(config, rngs=nnx.Rngs(0)).param_count() == count_params(config)
     target = 3_000_000
@@ -175,6 +180,10 @@ def test_flops_per_token():
     D = 36  # C(8 + 1, 2)
     gate = 2 * config.d_model * H * 4
     assert flops["P"][0] - matmuls - gate == 4 * (2 * D * d * (H + Hq) + 2 * 16 * d * Hq)
+    conv = dataclasses.replace(config, conv_size=3)
+    for p in "APW":  # 2 FLOPs per tap, channel and token, in each layer
+        extra = flops_per_token(dataclasses.replace(conv, pattern=p), 256) - flops[p][0]
+        assert extra == 4 * 2 * 3 * (Hq + 2 * H) * d
 
 
 DOCS = ((5, 1, 11), (9, 8))  # per row: document lengths (a one-token document; the last ones continue in decode)
@@ -197,9 +206,10 @@ def _alone(forward, toks, docs):
 
 
 def test_packed_forward_and_gradients_equal_the_documents_alone():
-    """Packed rows (RoPE positions restarting, every mixer kept to its document): the logits of each document and
-    the gradient of a loss summed over the documents equal running the documents one by one."""
-    config = dataclasses.replace(TINY, pattern="PWA", n_layers=3)
+    """Packed rows (RoPE positions restarting, every mixer and its short convolution kept to its document): the
+    logits of each document and the gradient of a loss summed over the documents equal running the documents one
+    by one."""
+    config = dataclasses.replace(TINY, pattern="PWA", n_layers=3, conv_size=3)
     model = LM(config, rngs=nnx.Rngs(6))
     toks, seg = tokens(7, 2, 17, config.vocab_size), _packed(DOCS)
     ct = jax.random.normal(jax.random.key(8), (2, 17, config.vocab_size))
@@ -217,8 +227,9 @@ def test_packed_forward_and_gradients_equal_the_documents_alone():
 
 def test_packed_prefill_then_decode_equals_the_documents_alone():
     """Prefill a packed prompt, decode 3 tokens continuing each row's last document, then a new document of 4
-    tokens (a new segment id in decode_step): every logit equals its document run alone (P, W, A layers)."""
-    config = dataclasses.replace(TINY, pattern="PWA", n_layers=3)
+    tokens (a new segment id in decode_step): every logit equals its document run alone (P, W, A layers, each
+    with a short convolution, whose cache must not reach into the new document)."""
+    config = dataclasses.replace(TINY, pattern="PWA", n_layers=3, conv_size=3)
     model = LM(config, rngs=nnx.Rngs(9))
     toks = tokens(10, 2, 24, config.vocab_size)
     docs = ((5, 1, 14, 4), (9, 11, 4))  # prompt 17 + 3 continuing the last prompt document, then a new one of 4

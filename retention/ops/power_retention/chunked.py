@@ -74,9 +74,12 @@ def _inter_chunk(S0_aug, q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH, deg):
 
     xs = (q_NBHmd, k_NBHcd, v_NBHce, chunk_decay_NBH)
     if S0_aug is None:
-        _, B, H, m, _ = q_NBHmd.shape
+        N, B, H, m, _ = q_NBHmd.shape
         first_read = jnp.zeros((1, B, H, m, v_NBHce.shape[-1]), v_NBHce.dtype)
-        S_aug, reads = _scan_chunks(body, state_write(k_NBHcd[0], v_NBHce[0], deg), tuple(x[1:] for x in xs))
+        S_aug = state_write(k_NBHcd[0], v_NBHce[0], deg)
+        if N == 1:  # no scan: a dropped state then costs nothing in either pass (through a scan, its zero
+            return S_aug, first_read  # cotangent would be made concrete and sent back through phi's VJP)
+        S_aug, reads = _scan_chunks(body, S_aug, tuple(x[1:] for x in xs))
         return S_aug, jnp.concatenate([first_read, reads])
     return _scan_chunks(body, S0_aug, xs)
 
