@@ -129,10 +129,7 @@ def test_non_finite_stays_in_its_document(what, row, token, head):
     end = next(s for s in starts if s > token)
     heads = slice(head * (Hq // H), (head + 1) * (Hq // H))  # the query heads that read this kv-head
     hit = y[row, token:end, heads]
-    if what == "v":
-        assert np.all(np.isnan(hit[..., 3])) and np.all(np.isfinite(np.delete(hit, 3, axis=-1)))
-    else:
-        assert np.all(np.isnan(hit))
+    assert np.all(np.isnan(hit))  # a non-finite k or v poisons its token whole (gates.py), as on the XLA paths
     untouched = np.ones(y.shape, bool)
     untouched[row, token:end, heads] = False
     np.testing.assert_array_equal(y[untouched], clean[untouched])
