@@ -10,7 +10,6 @@ A batch holds windows of seq_len + 1 ids: inputs the first seq_len, targets the 
 
 import itertools
 import os
-import shutil
 
 import numpy as np
 
@@ -115,7 +114,7 @@ class Text:
             bpe.save(cached)
         if tokenizer_path is not None:
             os.makedirs(os.path.dirname(os.path.abspath(tokenizer_path)), exist_ok=True)
-            shutil.copyfile(cached, tokenizer_path)
+            bpe.save(tokenizer_path)
         return bpe
 
     def _ids(self, split: str):
