@@ -65,6 +65,7 @@ class FolderSource:
         if not os.path.isdir(root):
             raise ValueError(f"path must be a folder of text files, got {root!r} (not a folder)")
         self.root, self.extensions = root, None if extensions is None else tuple(extensions)
+        self.names = self.files()  # listed once: the cache key and the documents read are the same files
 
     def files(self) -> list[str]:
         """The candidate files' paths relative to the root (POSIX separators), sorted; not yet checked for text."""
@@ -82,14 +83,14 @@ class FolderSource:
     def identity(self) -> dict:
         """What the cache key hashes: the root and each candidate's name, size and modification time."""
         listing = []
-        for name in self.files():
+        for name in self.names:
             st = os.stat(os.path.join(self.root, name))
             listing.append([name, st.st_size, st.st_mtime_ns])
         return {"source": "folder", "root": os.path.abspath(self.root), "files": listing}
 
     def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
         """Each text document of `split` as an iterator of its text pieces, in sorted name order."""
-        for name in self.files():
+        for name in self.names:
             path = os.path.join(self.root, name)
             if in_eval(name, eval_fraction) == (split == "eval") and is_text_file(path):
                 yield text_chunks(path)

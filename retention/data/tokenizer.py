@@ -37,6 +37,7 @@ class BPETokenizer:
     """A byte-level BPE (`tokenizers.Tokenizer`) whose special token EOD_TOKEN ends each document."""
 
     def __init__(self, tokenizer):
+        tokenizer.encode_special_tokens = True  # EOD_TOKEN written in a document is text, not a boundary
         self.tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
         self.eod = tokenizer.token_to_id(EOD_TOKEN)

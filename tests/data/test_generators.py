@@ -1,8 +1,6 @@
 """Each generator's invariants on fresh seeds: MQAR labels exactly at the queried keys, passkey digits at the
 needle, copy targets in order, text bytes round-trip; every batch a pure function of (seed, split, index)."""
 
-import os
-
 import numpy as np
 import pytest
 
