@@ -41,7 +41,7 @@ def cached_ids(path: str, pieces: Iterable[np.ndarray], dtype: np.dtype) -> np.n
         try:
             with os.fdopen(fd, "wb") as f:
                 for ids in pieces:
-                    f.write(np.asarray(ids, dtype).tobytes())
+                    f.write(np.ascontiguousarray(ids, dtype))  # its buffer, not a copy as bytes
             os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache is shared
             os.replace(tmp, path)
         except BaseException:

@@ -14,7 +14,7 @@ from retention.data.base import IGNORE, Batch
 def segment_ids_from_eod(inputs_BT: np.ndarray, eod: int) -> np.ndarray:
     """segment_ids [B, T] int32: the count of EOD tokens in inputs[b, :t] at each (b, t)."""
     is_eod_BT = inputs_BT == eod
-    return (np.cumsum(is_eod_BT, axis=-1) - is_eod_BT).astype(np.int32)
+    return np.cumsum(is_eod_BT, axis=-1, dtype=np.int32) - is_eod_BT
 
 
 def mask_cross_document_targets(inputs_BT: np.ndarray, targets_BT: np.ndarray, eod: int) -> np.ndarray:

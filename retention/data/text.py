@@ -143,4 +143,4 @@ class Text:
         rng = rng_for(self.seed, split, index, L)
         ids = self.splits[split]
         starts_B = rng.integers(0, len(ids) - L, size=self.batch_size)
-        return pack_windows(ids[starts_B[:, None] + np.arange(L + 1)], self.eod)
+        return pack_windows(np.stack([ids[s : s + L + 1] for s in starts_B]), self.eod)  # no [B, T] index array
