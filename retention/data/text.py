@@ -29,11 +29,15 @@ def make_source(source, path, extensions, hf_name, hf_data_files, hf_text_field,
     """The FolderSource or HFSource the arguments name (ValueError naming a bad one)."""
     check_choice("source", source, SOURCES)
     if source == "folder":
+        if hf_name is not None or hf_data_files is not None:
+            raise ValueError(f"hf_name and hf_data_files are for source=hf, got {hf_name!r}, {hf_data_files!r}")
         if path is None and extensions is None:
             path, extensions = default_path(), DEFAULT_EXTENSIONS
-        if extensions is not None and not all(isinstance(e, str) and e for e in extensions):
+        if extensions is not None and not (extensions and all(isinstance(e, str) and e for e in extensions)):
             raise ValueError(f"extensions must be a list of name endings such as ['.py', '.txt'], got {extensions!r}")
         return FolderSource(default_path() if path is None else path, extensions)
+    if path is not None or extensions is not None:
+        raise ValueError(f"path and extensions are for source=folder, got {path!r}, {extensions!r}")
     if not isinstance(hf_name, str) or not hf_name:
         raise ValueError(f"hf_name must name a Hugging Face dataset or builder (text, json, parquet), got {hf_name!r}")
     if not isinstance(hf_text_field, str) or not hf_text_field:

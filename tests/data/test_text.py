@@ -163,8 +163,11 @@ def test_packing_matches_a_loop_oracle():
         (dict(vocab_size=1000), "vocab_size must be null or 257 with tokenizer=bytes"),
         (dict(tokenizer="bpe", vocab_size=100), "vocab_size must be an int >= 257"),
         (dict(extensions=["py", 3]), "extensions must be a list of name endings"),
-        (dict(source="hf"), "hf_name must name a Hugging Face dataset"),
-        (dict(source="hf", hf_name="json", hf_text_field=""), "hf_text_field must name the column"),
+        (dict(extensions=[]), "extensions must be a list of name endings"),
+        (dict(hf_name="json"), "hf_name and hf_data_files are for source=hf"),
+        (dict(source="hf", path=None), "hf_name must name a Hugging Face dataset"),
+        (dict(source="hf", hf_name="json"), "path and extensions are for source=folder"),
+        (dict(source="hf", path=None, hf_name="json", hf_text_field=""), "hf_text_field must name the column"),
         (dict(eval_fraction=0.0), r"eval_fraction must be a finite number in \(0, 1\)"),
     ],
 )
