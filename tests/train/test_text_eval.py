@@ -123,7 +123,8 @@ def test_text_run_writes_bits_per_byte_and_position_losses(tmp_path):
 
 def test_bpe_run_keeps_its_tokenizer_and_resumes_with_it(tmp_path):
     run = tmp_path / "run"
-    overrides = text_run(tmp_path, ["data.tokenizer=bpe", "data.vocab_size=300", "trainer.ckpt_every=2"])
+    extra = ["data.tokenizer=bpe", "data.vocab_size=300", "trainer.ckpt_every=2", "trainer.eval_scales=[1]"]
+    overrides = text_run(tmp_path, extra)
     first = train(compose_config([*overrides, "trainer.steps=2"]), str(run))
     saved = (run / "tokenizer.json").read_text()
     os.remove(
