@@ -1,4 +1,4 @@
-"""Synthetic tasks (MQAR, passkey, selective copying) and byte-level text as seeded numpy batches."""
+"""Synthetic tasks (MQAR, passkey, selective copying) and packed text (bytes or BPE) as seeded numpy batches."""
 
 from retention.data.base import IGNORE, Batch, Dataset
 from retention.data.mqar import MQAR

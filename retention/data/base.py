@@ -15,10 +15,13 @@ SPLITS = {"train": 0, "eval": 1}
 
 
 class Batch(NamedTuple):
-    """inputs [B, T] int32 token ids; targets [B, T] int32, the id to predict at each position or IGNORE."""
+    """inputs [B, T] int32 token ids; targets [B, T] int32, the id to predict at each position or IGNORE;
+    segment_ids [B, T] int32, the document of each position in a packed text window (retention/data/packing.py),
+    None for the synthetic tasks (one sequence per row)."""
 
     inputs: np.ndarray
     targets: np.ndarray
+    segment_ids: np.ndarray | None = None
 
 
 class Dataset(Protocol):

@@ -12,6 +12,7 @@ checks values (lengths, vocab, divisibility) and raises ValueError naming the ke
 """
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -92,11 +93,26 @@ class CopyDataConfig(DataConfig):
 
 @dataclass
 class TextDataConfig(DataConfig):
-    """Byte-level text (retention/data/text.py) over the files under `path` (None: the stdlib source)."""
+    """Packed text windows (retention/data/text.py): source=folder reads the text files under `path` with one of
+    `extensions` (both None: the running Python's standard-library .py files); source=hf reads
+    datasets.load_dataset(hf_name, data_files=hf_data_files, split=hf_split, streaming=hf_streaming), one document
+    per row's hf_text_field. tokenizer: bytes (vocab 257) or bpe (a byte-level BPE of vocab_size ids, default
+    4096, saved as tokenizer.json in the run folder). cache_dir: the token cache (None: $RETENTION_CACHE, else
+    ~/.cache/retention/text)."""
 
     task: ClassVar[str] = "text"
+    source: str = "folder"
     path: str | None = None
+    extensions: list[str] | None = None
     eval_fraction: float = 0.05
+    tokenizer: str = "bytes"
+    vocab_size: int | None = None
+    hf_name: str | None = None
+    hf_data_files: list[str] | None = None
+    hf_text_field: str = "text"
+    hf_split: str = "train"
+    hf_streaming: bool = False
+    cache_dir: str | None = None
 
 
 DATA_SCHEMAS = {schema.task: schema for schema in (MQARDataConfig, PasskeyDataConfig, CopyDataConfig, TextDataConfig)}
@@ -166,10 +182,16 @@ def register_configs() -> None:
         store.store(group="data", name=f"{task}_schema", node=schema)
 
 
-def make_dataset(data: DataConfig, seed: int) -> Dataset:
-    """The generator of `data`'s task from its schema's fields; a bad value raises ValueError naming its key."""
+TOKENIZER_FILE = "tokenizer.json"  # a text run's BPE, in its run folder
+
+
+def make_dataset(data: DataConfig, seed: int, run_dir: str | None = None) -> Dataset:
+    """The generator of `data`'s task from its schema's fields; a bad value raises ValueError naming its key.
+    Text keeps its BPE tokenizer as run_dir/tokenizer.json (reused when there: a resumed run's)."""
     kwargs = dataclasses.asdict(data)
     check_int("data.prefetch", kwargs.pop("prefetch"))
+    if data.task == "text" and run_dir is not None:
+        kwargs["tokenizer_path"] = os.path.join(run_dir, TOKENIZER_FILE)
     try:
         return TASKS[data.task](**kwargs, seed=seed)
     except ValueError as e:
@@ -213,12 +235,13 @@ def check_optim_trainer(optim: OptimConfig, trainer: TrainerConfig) -> None:
 SEED_LIMIT = 2**32  # jax.random.key keeps 32 bits of a seed: larger seeds would repeat smaller ones
 
 
-def build(cfg: Config) -> tuple[LMConfig, Dataset]:
-    """Check every value of `cfg`; returns the model's LMConfig and the data generator."""
+def build(cfg: Config, run_dir: str | None = None) -> tuple[LMConfig, Dataset]:
+    """Check every value of `cfg`; returns the model's LMConfig and the data generator (a text run's tokenizer
+    kept in `run_dir`)."""
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < SEED_LIMIT:
         raise ValueError(f"seed must be an int in [0, 2**32), got {cfg.seed!r}")
     check_optim_trainer(cfg.optim, cfg.trainer)
-    dataset = make_dataset(cfg.data, cfg.seed)
+    dataset = make_dataset(cfg.data, cfg.seed, run_dir)
     for scale in cfg.trainer.eval_scales:
         dataset.check_length(f"data.seq_len * trainer.eval_scales[i] (scale {scale})", scale * cfg.data.seq_len)
     return make_lm_config(cfg.model, dataset.vocab_size), dataset

@@ -7,6 +7,7 @@ from retention.nn import LMConfig
 from retention.train.config import Config
 
 EVAL_METRICS = ("loss", "accuracy", "exact_match")  # of each eval scale, as HParams metrics
+TEXT_EVAL_METRICS = ("bits_per_byte",)  # and of a text run's
 
 
 def cache_tag(cache_len: int) -> str:
@@ -33,6 +34,7 @@ def run_hparams(cfg: Config, lm: LMConfig, n_params: int, overrides: dict | None
         "data.task": cfg.data.task,
         "data.seq_len": T,
         "data.batch_size": cfg.data.batch_size,
+        **({"data.tokenizer": cfg.data.tokenizer} if cfg.data.task == "text" else {}),
         "vocab_size": lm.vocab_size,
         "optim.lr": cfg.optim.lr,
         "optim.weight_decay": cfg.optim.weight_decay,
@@ -46,7 +48,8 @@ def run_hparams(cfg: Config, lm: LMConfig, n_params: int, overrides: dict | None
 
 def metric_tags(cfg: Config) -> list[str]:
     """The scalar tags shown as HParams metrics: final eval values per scale, train loss, tokens/s, cache bytes."""
-    evals = [f"eval/x{s}/{name}" for s in cfg.trainer.eval_scales for name in EVAL_METRICS]
+    names = EVAL_METRICS + (TEXT_EVAL_METRICS if cfg.data.task == "text" else ())
+    evals = [f"eval/x{s}/{name}" for s in cfg.trainer.eval_scales for name in names]
     return [*evals, "train/loss", "perf/tokens_per_s", cache_tag(cfg.trainer.cache_len)]
 
 

@@ -61,7 +61,7 @@ def train(cfg: Config, run_dir: str, *, hparams: dict | None = None) -> dict:
     """Train per `cfg` with everything written under `run_dir`; returns (and writes) the run's summary.
     `hparams`: more HParams keys (train.py passes the command line's overrides, a sweep's varied keys)."""
     initialize_distributed(cfg.mesh.coordinator_address, cfg.mesh.num_processes, cfg.mesh.process_id)
-    lm, dataset = build(cfg)
+    lm, dataset = build(cfg, run_dir)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence)
     check_batch(cfg.data.batch_size, cfg.data.seq_len, mesh)
     lock = "train.lock" if jax.process_count() == 1 else f"train.{jax.process_index()}.lock"

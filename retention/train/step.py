@@ -37,9 +37,9 @@ def batch_logits(model: LM, batch: dict[str, jax.Array]) -> Float[Array, "B T V"
     return model(batch["inputs"])
 
 
-def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, ""]]:
-    """Sums over the labelled positions (targets != IGNORE): nll, correct argmax, labels; and over the rows
-    with a label: exact (every label right) and rows."""
+def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, "..."]]:
+    """Sums over the labelled positions (targets != IGNORE): nll, correct argmax, labels; over the rows with a
+    label: exact (every label right) and rows; and at each position, over the rows: nll_T and labels_T [T]."""
     mask_BT = targets_BT != IGNORE
     logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
     safe_BT = jnp.where(mask_BT, targets_BT, 0)
@@ -54,12 +54,17 @@ def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]
         "labels": f32(mask_BT),
         "exact": f32(exact_B),
         "rows": f32(has_label_B),
+        "nll_T": jnp.sum(jnp.where(mask_BT, nll_BT, 0.0), axis=0, dtype=jnp.float32),
+        "labels_T": jnp.sum(mask_BT, axis=0, dtype=jnp.float32),
     }
+
+
+SCALAR_SUMS = ("nll", "correct", "labels", "exact", "rows")
 
 
 def ratios(sums: dict) -> dict[str, float]:
     """loss, accuracy and exact_match from (summed) `masked_sums` (fetched from the devices)."""
-    sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+    sums = {k: float(v) for k, v in jax.device_get(sums).items() if k in SCALAR_SUMS}
     labels, rows = max(sums["labels"], 1.0), max(sums["rows"], 1.0)
     return {
         "loss": sums["nll"] / labels,

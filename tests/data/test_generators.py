@@ -1,15 +1,12 @@
 """Each generator's invariants on fresh seeds: MQAR labels exactly at the queried keys, passkey digits at the
 needle, copy targets in order, text bytes round-trip; every batch a pure function of (seed, split, index)."""
 
-import os
-
 import numpy as np
 import pytest
 
 from retention.data import IGNORE, MQAR, Passkey, SelectiveCopy, Text, prefetch
 from retention.data import passkey as pk
 from retention.data import selective_copy as sc
-from retention.data import text as tx
 
 SEEDS = np.random.SeedSequence().generate_state(3)  # fresh every session
 
@@ -78,38 +75,6 @@ def test_selective_copy(seed):
         assert np.all(x[L - M :] == sc.MARKER)
         np.testing.assert_array_equal(y[L - M :], content)
         assert np.all(y[: L - M] == IGNORE)
-
-
-def test_text_round_trip(tmp_path):
-    """Bytes round-trip through encode/decode; the stream is the files in path order, each ended by SEP;
-    __pycache__ is skipped; every window is a slice of the stream with targets the next ids."""
-    rng = np.random.default_rng(int(SEEDS[1]))
-    files = {
-        "b.py": rng.integers(0, 256, 300, dtype=np.uint8).tobytes(),
-        "a/z.txt": "héllo wörld\n".encode(),
-        "a/y.bin": bytes(range(256)),
-    }
-    for name, content in files.items():
-        os.makedirs(tmp_path / os.path.dirname(name), exist_ok=True)
-        (tmp_path / name).write_bytes(content)
-    os.makedirs(tmp_path / "__pycache__")
-    (tmp_path / "__pycache__" / "c.pyc").write_bytes(b"skipped")
-    for content in files.values():
-        assert tx.decode(tx.encode(content)) == content
-    expected = np.concatenate([np.append(tx.encode(files[n]), tx.SEP) for n in ("a/y.bin", "a/z.txt", "b.py")])
-    data = Text(seq_len=20, batch_size=4, path=str(tmp_path), eval_fraction=0.2, seed=int(SEEDS[2]))
-    np.testing.assert_array_equal(np.concatenate([data.splits["train"], data.splits["eval"]]), expected)
-    for split in ("train", "eval"):
-        b = data.batch(1, split=split)
-        np.testing.assert_array_equal(b.inputs[:, 1:], b.targets[:, :-1])
-        ids = data.splits[split]
-        for x, y in zip(b.inputs, b.targets):
-            window = np.append(x, y[-1])
-            assert any(np.array_equal(ids[s : s + 21], window) for s in range(len(ids) - 20))
-
-
-def test_text_default_is_stdlib():
-    assert os.path.isfile(os.path.join(tx.default_path(), "os.py"))
 
 
 def test_prefetch_matches_and_raises():

@@ -33,8 +33,10 @@ def test_presets_have_equal_parameter_counts():
 
 @pytest.mark.parametrize("task", ["mqar", "passkey", "copy", "text"])
 def test_data_presets_build(task, tmp_path):
-    (tmp_path / "a.txt").write_text("hello " * 40000)
-    cfg = compose_config([f"data={task}", *([f"data.path={tmp_path}"] if task == "text" else [])])
+    for i in range(20):  # documents in both splits
+        (tmp_path / f"{i}.txt").write_text(f"hello {i} " * 2000)
+    text = [f"data.path={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", "data.eval_fraction=0.3"]
+    cfg = compose_config([f"data={task}", *(text if task == "text" else [])])
     lm, data = build(cfg)
     batch = data.batch(0)
     assert batch.inputs.shape == (data.batch_size, data.seq_len) and lm.vocab_size == data.vocab_size
@@ -72,6 +74,10 @@ def test_wrong_type_stops_at_start(override):
         (["model.retention_impl=cudnn"], "model.retention_impl must be one of \\('auto', 'xla', 'pallas', 'ref"),
         (["model.attention_impl=pallas"], "model.attention_impl must be one of \\('auto', 'xla', 'cudnn', 'ref"),
         (["model.target_params=0"], "model.target_params must be an int >= 1, got 0"),
+        (["data=text", "data.tokenizer=words"], r"data.tokenizer must be one of \('bytes', 'bpe'\), got 'words'"),
+        (["data=text", "data.source=hf"], "data.hf_name must name a Hugging Face dataset"),
+        (["data=text", "data.vocab_size=300"], "data.vocab_size must be null or 257 with tokenizer=bytes"),
+        (["data=text", "data.eval_fraction=0"], r"data.eval_fraction must be a finite number in \(0, 1\)"),
         (["seed=-1"], r"seed must be an int in \[0, 2\*\*32\), got -1"),
         (["seed=4294967296"], r"seed must be an int in \[0, 2\*\*32\), got 4294967296"),
     ],
@@ -144,9 +150,10 @@ def test_task_is_the_group(override):
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_data_schema_is_the_generator_arguments(task):
-    """Each task's schema holds its generator's arguments (less the seed) and prefetch, nothing else."""
+    """Each task's schema holds its generator's arguments (less the seed, and the tokenizer path the trainer
+    sets in the run folder) and prefetch, nothing else."""
     schema_fields = {f.name for f in dataclasses.fields(DATA_SCHEMAS[task])}
-    assert schema_fields == set(inspect.signature(TASKS[task]).parameters) - {"seed"} | {"prefetch"}
+    assert schema_fields == set(inspect.signature(TASKS[task]).parameters) - {"seed", "tokenizer_path"} | {"prefetch"}
 
 
 def test_base_model_is_not_a_model():

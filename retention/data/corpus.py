@@ -1,0 +1,133 @@
+"""Text documents from a folder or a Hugging Face dataset, and the stable train/eval split by document.
+
+Folder: every regular file under the root (hidden entries, `__pycache__`, `site-packages` and `dist-packages`
+skipped) whose name ends with one of `extensions` (None: any extension, `.py`, `.txt`, `.md`, none at all) and
+whose content is text: valid UTF-8 with no NUL byte, so `.pyc`, `.so`, `.a`, `.whl`, `.exe`, `.png`, `.gz` and
+other binaries drop out by their bytes, not their names. The default corpus is the `.py` sources of the running
+Python's standard library (`sysconfig.get_paths()["stdlib"]`, third-party packages left out). A file is read in
+chunks of CHUNK_BYTES, never whole.
+
+Hugging Face: `datasets.load_dataset(name, data_files=..., split=..., streaming=...)` and one document per row
+(its `text_field`); for the `text` builder a whole file is one document (`sample_by="document"`).
+
+Split: a document is in eval when blake2b(its name) / 2**64 < eval_fraction, its name being the path relative to
+the root (folder) or the row index (Hugging Face); renaming or adding other documents never moves it.
+"""
+
+import codecs
+import hashlib
+import os
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+CHUNK_BYTES = 1 << 22  # 4 MiB: the most of a file held in memory at once
+SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
+
+
+def default_path() -> str:
+    """The standard library's source folder of the running Python."""
+    return sysconfig.get_paths()["stdlib"]
+
+
+def in_eval(name: str, eval_fraction: float) -> bool:
+    """Whether the document called `name` is in the eval split: a stable hash of its name below eval_fraction."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < eval_fraction
+
+
+def text_chunks(path: str) -> Iterator[str]:
+    """The text of the file at `path` in pieces of at most CHUNK_BYTES bytes; raises ValueError at a NUL byte or
+    bytes that are not UTF-8 (so a consumer stops before using a binary file's rest)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            if b"\0" in chunk:
+                raise ValueError(f"{path} holds a NUL byte")
+            yield decoder.decode(chunk)  # UnicodeDecodeError (a ValueError) at invalid UTF-8
+        yield decoder.decode(b"", final=True)
+
+
+def is_text_file(path: str) -> bool:
+    """Whether the file at `path` is valid UTF-8 without a NUL byte (read in chunks)."""
+    try:
+        for _ in text_chunks(path):
+            pass
+    except ValueError:
+        return False
+    return True
+
+
+class FolderSource:
+    """The text files under `root` whose names end with one of `extensions` (None: all)."""
+
+    def __init__(self, root: str, extensions: list[str] | None = None):
+        if not os.path.isdir(root):
+            raise ValueError(f"path must be a folder of text files, got {root!r} (not a folder)")
+        self.root, self.extensions = root, None if extensions is None else tuple(extensions)
+        self.names = self.files()  # listed once: the cache key and the documents read are the same files
+
+    def files(self) -> list[str]:
+        """The candidate files' paths relative to the root (POSIX separators), sorted; not yet checked for text."""
+        names = []
+        for folder, subfolders, files in os.walk(self.root):
+            subfolders[:] = [s for s in subfolders if s not in SKIPPED_FOLDERS and not s.startswith(".")]
+            for name in files:
+                path = os.path.join(folder, name)
+                if name.startswith(".") or not os.path.isfile(path) or os.path.islink(path):
+                    continue
+                if self.extensions is None or name.endswith(self.extensions):
+                    names.append(Path(os.path.relpath(path, self.root)).as_posix())
+        return sorted(names)
+
+    def identity(self) -> dict:
+        """What the cache key hashes: the root and each candidate's name, size and modification time."""
+        listing = []
+        for name in self.names:
+            st = os.stat(os.path.join(self.root, name))
+            listing.append([name, st.st_size, st.st_mtime_ns])
+        return {"source": "folder", "root": os.path.abspath(self.root), "files": listing}
+
+    def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
+        """Each text document of `split` as an iterator of its text pieces, in sorted name order."""
+        for name in self.names:
+            path = os.path.join(self.root, name)
+            if in_eval(name, eval_fraction) == (split == "eval") and is_text_file(path):
+                yield text_chunks(path)
+
+
+class HFSource:
+    """The rows of a Hugging Face dataset: `load_dataset(name, data_files=..., split=..., streaming=...)`."""
+
+    def __init__(self, name: str, data_files, text_field: str, split: str, streaming: bool):
+        self.name, self.data_files, self.text_field = name, data_files, text_field
+        self.split, self.streaming = split, streaming
+
+    def identity(self) -> dict:
+        """The load_dataset arguments, with the size and modification time of each local data file."""
+        files = [self.data_files] if isinstance(self.data_files, str) else list(self.data_files or [])
+        stats = [[f, os.stat(f).st_size, os.stat(f).st_mtime_ns] if os.path.isfile(f) else [f] for f in files]
+        return {
+            "source": "hf",
+            "name": self.name,
+            "data_files": stats,
+            "text_field": self.text_field,
+            "split": self.split,
+        }
+
+    def rows(self):
+        """The dataset of the split (an IterableDataset when streaming)."""
+        import datasets  # imported only for this source: it is slow to import
+
+        kwargs = {"sample_by": "document"} if self.name == "text" else {}
+        return datasets.load_dataset(
+            self.name, data_files=self.data_files, split=self.split, streaming=self.streaming, **kwargs
+        )
+
+    def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
+        """Each row's text in `split` (by the hash of its index) as a one-piece iterator."""
+        for index, row in enumerate(self.rows()):
+            if self.text_field not in row:
+                raise ValueError(f"data.hf_text_field={self.text_field!r} is not a column of {self.name}: {list(row)}")
+            if in_eval(str(index), eval_fraction) == (split == "eval"):
+                yield iter([row[self.text_field]])
