@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments.compare.models import compose_config, without_missing_keys
+from experiments.compare.models import compose_config
 from experiments.compare.presets import PRESETS, Preset
 from experiments.compare.protocol import Run, seeds_of, sweep_runs
 from experiments.compare.quality import run_overrides
@@ -69,9 +69,7 @@ def eval_job_count(preset: Preset) -> int:
 
 
 def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s") -> dict:
-    """The preset's estimated seconds per stage from the runs measured under `folders` (keys other issues add are
-    left out while missing: they change no sizes)."""
-    preset, _ = without_missing_keys(preset)
+    """The preset's estimated seconds per stage from the runs measured under `folders`."""
     measured = measured_runs(folders, key)
     overhead, per_token = fit([(n, sec) for _, n, sec in measured])
     tokens = {}

@@ -3,7 +3,6 @@ would, and an entry with `matched_window` gets the window whose KV cache holds t
 state on that task (the same layers, heads, head dim and parts).
 """
 
-import dataclasses
 from functools import cache
 from pathlib import Path
 
@@ -12,10 +11,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from experiments.cache_memory import sequence_cache_bytes
-from experiments.compare.presets import PENDING_KEYS, Preset
+from experiments.compare.presets import Preset
 from retention.nn import LM
 from retention.train import register_configs
-from retention.train.config import Config, ModelConfig, make_lm_config
+from retention.train.config import Config, make_lm_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 register_configs()
@@ -67,26 +66,3 @@ def entry_overrides(name: str, preset: Preset, task: str | None = None) -> list[
     extra = () if task is None else preset.tasks[task].model_overrides(name)
     window = [f"model.window={matched_window(preset, task)}"] if entry.matched_window else []
     return [f"model={entry.group}", *preset.model, *extra, *entry.overrides, f"model.name={name}", *window]
-
-
-def missing_keys(overrides: list[str]) -> list[str]:
-    """The PENDING_KEYS these overrides set that the trainer's model schema does not have yet (other issues add
-    them); composing such overrides fails until they land."""
-    fields = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
-    used = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    return sorted(k for k in PENDING_KEYS if k in used and k not in fields)
-
-
-def without_missing_keys(preset: Preset) -> tuple[Preset, list[str]]:
-    """(the preset with every override of a PENDING_KEYS key the schema lacks removed, those keys): a preset can
-    then run, at the same sizes and with the same jobs, before the issue adding the keys is merged (to time it).
-    An entry whose only change was such a key repeats its base's config."""
-    keys = set(missing_keys([*PENDING_KEYS]))
-    strip = lambda overrides: tuple(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in keys)
-    entries = {name: dataclasses.replace(e, overrides=strip(e.overrides)) for name, e in preset.entries.items()}
-    tasks = {
-        name: dataclasses.replace(t, models={k: strip(v) for k, v in t.models.items()})
-        for name, t in preset.tasks.items()
-    }
-    stripped = dataclasses.replace(preset, model=strip(preset.model), entries=entries, tasks=tasks)
-    return stripped, sorted(keys)

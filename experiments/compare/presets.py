@@ -5,7 +5,7 @@ A preset names trained configurations (`Entry`: a model config group and its ove
 `ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, quantized KV caches:
 on the frontier task). Each task gives its data and trainer overrides, the learning rates every entry is trained
 at (seed `seeds[0]`), the seeds run at the best one, and the lengths of the test evaluation. Model overrides are
-Hydra strings, exactly as `train.py` takes them; `PENDING_KEYS` lists keys that other issues add (see the tests).
+Hydra strings, exactly as `train.py` takes them.
 
 - `cpu`: this 2-core machine, about 35 minutes in all (estimate in CPU_ESTIMATE), in parts that resume.
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
@@ -14,13 +14,6 @@ Hydra strings, exactly as `train.py` takes them; `PENDING_KEYS` lists keys that 
 """
 
 from dataclasses import dataclass, field
-
-# Keys the presets use that land with other issues (model parts: issue 12); a config test skips, naming the key,
-# while the schema lacks it.
-PENDING_KEYS = {
-    "model.conv_size": "issue 12 (the short convolution)",
-    "model.gate_bias_init": "issue 12 (the gate's initial bias)",
-}
 
 
 @dataclass(frozen=True)

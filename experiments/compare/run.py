@@ -29,7 +29,7 @@ from pathlib import Path
 
 import jax
 
-from experiments.compare.models import matched_window, without_missing_keys
+from experiments.compare.models import matched_window
 from experiments.compare.presets import PRESETS
 from experiments.compare.protocol import parse_only, parse_part
 from experiments.compare.quality import collect, run_stages
@@ -64,12 +64,6 @@ def parse_args(argv=None):
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--report-only", action="store_true", help="collect the finished runs and write the report")
-    parser.add_argument(
-        "--drop-missing-keys",
-        action="store_true",
-        help="leave out overrides of keys other issues add (presets.PENDING_KEYS) while the schema lacks them: "
-        "the same jobs at the same sizes, for timing a preset before they land (use another --runs folder)",
-    )
     return parser.parse_args(argv)
 
 
@@ -88,8 +82,6 @@ def main(argv=None):
 
     command = shlex.join(["python", "-m", "experiments.compare.run", *(argv if argv is not None else sys.argv[1:])])
     meta = {"preset": preset.name, "machine": machine(), "command": command}
-    if args.drop_missing_keys:
-        preset, meta["dropped_keys"] = without_missing_keys(preset)
     run_speed = preset.speed and not (args.skip_speed or args.report_only) and part[0] == 1 and not only
     if run_speed:
         done = (read_json(data / "speed.json") or {}).get("results")

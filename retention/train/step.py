@@ -1,10 +1,10 @@
 """The compiled train and eval steps: masked next-token cross-entropy, its metrics, and one AdamW update.
 
-Both steps take the batch as a dict of device arrays (`device_batch`: inputs and targets [B, T]), so a new batch
-field is added in one place. The train step takes and returns the whole train state {params, opt_state, step}
-and donates it, so the update runs in place; it is compiled once per run (a `TraceCount` counts the traces: a
-second one is a retrace). Given a mesh, both steps run under it with the state FSDP-sharded and the batch split
-(retention/parallel).
+Both steps take the batch as a dict of device arrays (`device_batch`: inputs, targets and, for packed text,
+segment_ids [B, T]), so a new batch field is added in one place. The train step takes and returns the whole
+train state {params, opt_state, step} and donates it, so the update runs in place; it is compiled once per run
+(a `TraceCount` counts the traces: a second one is a retrace). Given a mesh, both steps run under it with the
+state FSDP-sharded and the batch split (retention/parallel).
 """
 
 import functools
@@ -28,13 +28,18 @@ class TraceCount:
 
 
 def device_batch(batch: Batch, put=jnp.asarray) -> dict[str, jax.Array]:
-    """The arrays the steps read from a host batch, each placed on the devices by `put`."""
-    return {"inputs": put(batch.inputs), "targets": put(batch.targets)}
+    """The arrays the steps read from a host batch, each placed on the devices by `put`: inputs and targets, and
+    segment_ids when the batch packs documents (text)."""
+    arrays = {"inputs": batch.inputs, "targets": batch.targets}
+    if batch.segment_ids is not None:
+        arrays["segment_ids"] = batch.segment_ids
+    return {name: put(x) for name, x in arrays.items()}
 
 
 def batch_logits(model: LM, batch: dict[str, jax.Array]) -> Float[Array, "B T V"]:
-    """The model's logits for a device batch (the one place the steps call the model)."""
-    return model(batch["inputs"])
+    """The model's logits for a device batch (the one place the steps call the model): packed documents stay
+    apart (segment_ids: no mixer reads across a document boundary, RoPE restarts per document)."""
+    return model(batch["inputs"], segment_ids=batch.get("segment_ids"))
 
 
 def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, "..."]]:

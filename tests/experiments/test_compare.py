@@ -1,7 +1,6 @@
 """The comparison's presets and entries (experiments/compare): every preset's configs pass the trainer's checks, the
 matched window holds the power state's bytes and cannot reach any MQAR key, the demo's window is the matched one,
-and the train-step timer runs the trainer's step. A config whose overrides use a key another issue adds is skipped,
-naming the key, until that key exists."""
+and the train-step timer runs the trainer's step."""
 
 import dataclasses
 
@@ -13,48 +12,23 @@ from experiments.compare.models import (
     entry_overrides,
     lm_cache_bytes,
     matched_window,
-    missing_keys,
-    without_missing_keys,
 )
-from experiments.compare.presets import PENDING_KEYS, PRESETS, SMOKE
+from experiments.compare.presets import PRESETS, SMOKE
 from experiments.compare.protocol import Run
 from experiments.compare.quality import run_overrides
 from experiments.compare.speed import train_step_time
 from retention.train.config import build, make_dataset
 from tests.data.test_mqar_min_gap import query_distances
 
-
-def skip_if_pending(overrides) -> None:
-    """Skip, naming the keys, when the overrides need keys the schema lacks yet (PENDING_KEYS)."""
-    if missing := missing_keys(list(overrides)):
-        pytest.skip(f"needs {', '.join(missing)}, which {', '.join(PENDING_KEYS[k] for k in missing)} adds")
-
-
-def compose_or_skip(overrides: list[str]):
-    """The composed config, or a skip naming the keys it needs that the schema lacks."""
-    skip_if_pending(overrides)
-    return compose_config(overrides)
-
-
-def skip_if_preset_pending(preset, task: str) -> None:
-    """Skip when the preset's or the task's shared model overrides need keys the schema lacks yet."""
-    skip_if_pending([*preset.model, *(o for e in preset.entries for o in preset.entries[e].overrides)])
-    skip_if_pending(preset.tasks[task].model_overrides("*"))
-
-
-# Each preset, and the same preset less the keys other issues add (so its sizes are checked before they land).
-NOW = {f"{p.name}-without-pending": without_missing_keys(p)[0] for p in PRESETS.values() if missing_keys(list(p.model))}
-ALL_PRESETS = [*PRESETS.values(), *(dataclasses.replace(p, name=n) for n, p in NOW.items())]
-CASES = [(p, t, e) for p in ALL_PRESETS for t in p.tasks for e in p.task_entries(t)]
+CASES = [(p, t, e) for p in PRESETS.values() for t in p.tasks for e in p.task_entries(t)]
 
 
 @pytest.mark.parametrize("preset,task,entry", CASES, ids=lambda x: x if isinstance(x, str) else x.name)
 def test_every_preset_config_passes_the_trainer_checks(preset, task, entry):
     """Each entry on each task composes and builds (the trainer's value checks, eval lengths included)."""
     spec = preset.tasks[task]
-    skip_if_pending([*preset.model, *spec.model_overrides(entry), *preset.entries[entry].overrides])
     overrides = run_overrides(preset, Run(task, entry, spec.lrs[0], spec.seeds[0]))
-    lm, _ = build(compose_or_skip(overrides))
+    lm, _ = build(compose_config(overrides))
     if entry.startswith("hybrid"):
         assert set(lm.layer_kinds) == {"P", "A"}, lm.layer_kinds
     assert lm.kv_cache_bits == preset.entries[entry].kv_cache_bits
@@ -63,18 +37,17 @@ def test_every_preset_config_passes_the_trainer_checks(preset, task, entry):
 @pytest.mark.parametrize("preset", PRESETS.values(), ids=lambda p: p.name)
 def test_every_task_gives_each_entry_the_same_tokens(preset):
     for task, spec in preset.tasks.items():
-        skip_if_preset_pending(preset, task)
         sizes = set()
         for entry in preset.task_entries(task):
             overrides = run_overrides(preset, Run(task, entry, spec.lrs[0], spec.seeds[0]))
-            cfg = compose_or_skip(overrides)
+            cfg = compose_config(overrides)
             sizes.add((cfg.trainer.steps, cfg.data.batch_size, cfg.data.seq_len))
         assert len(sizes) == 1, (task, sizes)
     if preset.speed:
         assert all(preset.speed.tokens_per_step % T == 0 for T in preset.speed.lengths)
 
 
-MQAR_CASES = [(p, t) for p in ALL_PRESETS for t, spec in p.tasks.items() if spec.data == "mqar"]
+MQAR_CASES = [(p, t) for p in PRESETS.values() for t, spec in p.tasks.items() if spec.data == "mqar"]
 
 
 @pytest.mark.parametrize("preset,task", MQAR_CASES, ids=lambda x: x if isinstance(x, str) else x.name)
@@ -82,9 +55,8 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
     """swa_matched's cache has the power model's bytes less than one token's; its layers' combined reach
     n_layers * (window - 1 + conv_size - 1) is shorter than every query's distance to its key."""
     spec = preset.tasks[task]
-    skip_if_preset_pending(preset, task)
-    cfg = {e: compose_or_skip(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in ("power", "swa_matched")}
-    softmax = compose_or_skip(entry_overrides("softmax", preset, task))
+    cfg = {e: compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in ("power", "swa_matched")}
+    softmax = compose_config(entry_overrides("softmax", preset, task))
     window = matched_window(preset, task)
     assert cfg["swa_matched"].model.window == window and cfg["swa_matched"].model.pattern == "W"
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
@@ -102,9 +74,9 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
 def test_the_demo_window_is_the_matched_window():
     """configs/experiment/mqar_demo.yaml's swa model holds the bytes of its power model's state."""
     demo = ["experiment=mqar_demo"]
-    power = compose_or_skip([*demo, "model=power"])
-    swa = compose_or_skip([*demo, "model=swa"])
-    softmax = compose_or_skip([*demo, "model=softmax"])
+    power = compose_config([*demo, "model=power"])
+    swa = compose_config([*demo, "model=swa"])
+    softmax = compose_config([*demo, "model=softmax"])
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
     assert 0 <= lm_cache_bytes(power, 1) - lm_cache_bytes(swa, 4096) < per_token
     data = make_dataset(dataclasses.replace(power.data, batch_size=64), 0)
@@ -115,12 +87,6 @@ def test_the_demo_window_is_the_matched_window():
 def test_unknown_entry_is_refused():
     with pytest.raises(ValueError, match="entry must be one of"):
         entry_overrides("mamba", SMOKE)
-
-
-def test_missing_keys_names_what_other_issues_add():
-    assert missing_keys(["model.window=3", "model.kv_cache_bits=4"]) == []
-    expected = [k for k in PENDING_KEYS if k.removeprefix("model.") not in compose_config([]).model.__dict__]
-    assert missing_keys([f"{k}=1" for k in PENDING_KEYS]) == expected
 
 
 def test_train_step_time_runs_the_trainer_step():

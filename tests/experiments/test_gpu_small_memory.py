@@ -2,13 +2,12 @@
 H200 mesh lowers, but compiling needs a device), so this compiles the steps at gpu_small's largest shapes (the
 4-layer ~30M bf16 models, its tokens per step at T = 64k) for the CPU, from shapes alone, and checks XLA's memory
 analysis against the memory JAX takes on an H200 by default (75% of its 139 GiB). It is an estimate: the GPU's
-compiler assigns buffers its own way and the Pallas kernels replace the XLA chunked path there. Keys other issues
-add are left out of the estimate until they land (the short convolution adds well under 1% of the activations).
+compiler assigns buffers its own way and the Pallas kernels replace the XLA chunked path there.
 """
 
 import pytest
 
-from experiments.compare.models import compose_config, entry_overrides, missing_keys
+from experiments.compare.models import compose_config, entry_overrides
 from experiments.compare.presets import GPU_SMALL
 from experiments.compare.speed import abstract_train_step
 
@@ -18,9 +17,7 @@ JAX_DEFAULT_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default: the sha
 
 @pytest.mark.parametrize("model", ["softmax", "power"])
 def test_gpu_small_train_steps_fit_an_h200(model):
-    overrides = entry_overrides(model, GPU_SMALL)
-    pending = missing_keys(overrides)
-    cfg = compose_config([o for o in overrides if o.split("=")[0] not in pending])
+    cfg = compose_config(entry_overrides(model, GPU_SMALL))
     T = max(GPU_SMALL.speed.lengths)
     *_, compiled = abstract_train_step(cfg, T, GPU_SMALL.speed.tokens_per_step // T)
     memory = compiled.memory_analysis()
