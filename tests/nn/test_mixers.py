@@ -37,14 +37,16 @@ def test_cache_sizes():
     convolution adds its conv_size - 1 inputs of q, k and v to each, whatever max_len is (P's only growth)."""
     size = lambda m, L, n=1: cache_bytes(jax.eval_shape(lambda: m.init_cache(3, L, jnp.float32, step_tokens=n)))
     D = 36  # C(8 + 1, 2)
-    conv = lambda K: 4 * 3 * (K - 1) * (4 + 2 + 2) * 8  # float32, batch 3, q (4 heads), k and v (2 heads), d 8
+    # float32 inputs of q (4 heads), k and v (2 heads) at d 8 and their int32 segment ids, batch 3
+    conv = lambda K: 4 * 3 * (K - 1) * ((4 + 2 + 2) * 8 + 1)
     for K in (0, 1, 4):
         extra = conv(K) if K else 0
         P = PowerRetention(32, **DIMS, conv_size=K, rngs=nnx.Rngs(0))
         A = Attention(32, **DIMS, conv_size=K, rngs=nnx.Rngs(0))
         W = Attention(32, **DIMS, window=16, conv_size=K, rngs=nnx.Rngs(0))
-        assert size(P, 10) == size(P, 10**6) == 4 * 3 * 2 * D * (8 + 1) + extra
-        assert size(A, 100) == 2 * 4 * 3 * 100 * 2 * 8 + 4 * 100 + 4 + extra  # k and v, slot positions, length
+        assert size(P, 10) == size(P, 10**6) == 4 * 3 * 2 * D * (8 + 1) + 4 * 3 + extra  # S, z; each row's last id
+        # k and v, slot positions, each row's slot segment ids, length
+        assert size(A, 100) == 2 * 4 * 3 * 100 * 2 * 8 + 4 * 100 + 4 * 3 * 100 + 4 + extra
         assert size(W, 100) == size(W, 10**6) == size(A, 16)
         assert size(W, 100, n=4) == size(A, 16 + 3)
 
