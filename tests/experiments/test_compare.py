@@ -72,15 +72,15 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
 
 
 def test_the_demo_window_is_the_matched_window():
-    """configs/experiment/mqar_demo.yaml's swa model holds the bytes of its power model's state."""
+    """configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W) holds the bytes of its P model's state,
+    and its layers' reach, window and short convolution, is shorter than every query's distance to its key."""
     demo = ["experiment=mqar_demo"]
-    power = compose_config([*demo, "model=power"])
-    swa = compose_config([*demo, "model=swa"])
-    softmax = compose_config([*demo, "model=softmax"])
+    power, swa, softmax = (compose_config([*demo, f"model.pattern={p}"]) for p in "PWA")
+    assert power.model.conv_size == swa.model.conv_size == 4  # the sweep's models share the hybrid preset's parts
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
     assert 0 <= lm_cache_bytes(power, 1) - lm_cache_bytes(swa, 4096) < per_token
     data = make_dataset(dataclasses.replace(power.data, batch_size=64), 0)
-    reach = swa.model.n_layers * (swa.model.window - 1)
+    reach = swa.model.n_layers * (swa.model.window - 1 + swa.model.conv_size - 1)
     assert query_distances(data.batch(0, split="eval"), data.num_kv_pairs).min() > reach
 
 
