@@ -41,8 +41,8 @@ def test_conv_equals_one_device(K, shape):
 
 
 def test_lm_with_conv_equals_one_device():
-    """An LM of P, A and W layers with conv_size 4 under a mesh splitting 128 tokens over 8 devices (one chunk of 16 each):
-    its logits and parameter gradients equal the single-device forward."""
+    """An LM of P, A and W layers with conv_size 4 under a mesh splitting 128 tokens over 8 devices (one chunk of
+    16 each): its logits and parameter gradients equal the single-device forward."""
     config = LMConfig(
         vocab_size=37,
         d_model=32,
