@@ -30,14 +30,17 @@ def test_constructor_validation(cls, kwargs, name):
 
 
 def test_cache_sizes():
-    """Retention: S and z, the same at any max_len; full attention grows with max_len; a window does not."""
+    """Retention: S and z (and each row's last segment id), the same at any max_len; full attention grows with
+    max_len; a window does not."""
     P = PowerRetention(32, **DIMS, rngs=nnx.Rngs(0))
     A = Attention(32, **DIMS, rngs=nnx.Rngs(0))
     W = Attention(32, **DIMS, window=16, rngs=nnx.Rngs(0))
     size = lambda m, L, n=1: cache_bytes(jax.eval_shape(lambda: m.init_cache(3, L, jnp.float32, step_tokens=n)))
     D = 36  # C(8 + 1, 2)
-    assert size(P, 10) == size(P, 10**6) == 4 * 3 * 2 * D * (8 + 1)
-    assert size(A, 100) == 2 * 4 * 3 * 100 * 2 * 8 + 4 * 100 + 4  # k and v, slot positions, length
+    assert size(P, 10) == size(P, 10**6) == 4 * 3 * 2 * D * (8 + 1) + 4 * 3
+    assert (
+        size(A, 100) == 2 * 4 * 3 * 100 * 2 * 8 + 4 * 100 + 4 * 3 * 100 + 4
+    )  # k, v, slot positions, segment ids, length
     assert size(W, 100) == size(W, 10**6) == size(A, 16)
     assert size(W, 100, n=4) == size(A, 16 + 3)
 
