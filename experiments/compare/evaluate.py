@@ -17,7 +17,7 @@ from experiments.compare.runs import eval_sums, load_params
 from experiments.formatting import human_bytes
 from retention.nn import LM
 from retention.train.config import Config, make_dataset, make_lm_config
-from retention.train.step import masked_sums, ratios
+from retention.train.step import SCALAR_SUMS, masked_sums, ratios
 
 
 def test_lengths(preset: Preset, run: Run, seq_len: int) -> list[int]:
@@ -45,7 +45,7 @@ def decode_sums(model: LM, inputs_BT, targets_BT, chunk: int) -> dict:
     L = inputs_BT.shape[1]
     chunk = min(chunk, L)
     logits, caches = model.prefill(inputs_BT[:, :chunk], L, step_tokens=chunk)
-    sums = jax.jit(masked_sums)
+    sums = jax.jit(lambda *a: {k: v for k, v in masked_sums(*a).items() if k in SCALAR_SUMS})  # no per-position sums
     total = sums(logits, targets_BT[:, :chunk])
     for t in range(chunk, L, chunk):
         logits, caches = model.decode_step(inputs_BT[:, t : t + chunk], caches)

@@ -21,6 +21,7 @@ from experiments.compare.runs import CONFIG, RECORD, SUMMARY, TEST, load_params
 from experiments.report import write_report
 from retention.nn import LM
 from retention.train.config import make_dataset, make_lm_config
+from retention.train.step import SCALAR_SUMS
 
 
 def test_best_lr_prefers_the_better_then_the_smaller_and_waits_for_all():
@@ -155,7 +156,8 @@ def test_decode_eval_with_a_float_cache_equals_the_forward(tiny):
     inputs, targets = jnp.asarray(b.inputs), jnp.asarray(b.targets)
     full = _forward_sums(nnx.graphdef(model), params, inputs, targets)
     stepped = decode_sums(model, inputs, targets, chunk=16)
-    for key in full:
+    assert set(stepped) == set(SCALAR_SUMS)
+    for key in SCALAR_SUMS:
         assert float(stepped[key]) == pytest.approx(float(full[key]), rel=1e-5), key
 
 

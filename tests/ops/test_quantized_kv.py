@@ -102,6 +102,7 @@ def test_step_against_the_float_cache_within_the_bits_bound(bits):
         k=jnp.zeros((3, 2, T, d), k.dtype).at[:, :, : T - 1].set(prompt(k).swapaxes(1, 2)),
         v=jnp.zeros((3, 2, T, d), v.dtype).at[:, :, : T - 1].set(prompt(v).swapaxes(1, 2)),
         pos=jnp.where(jnp.arange(T) < T - 1, jnp.arange(T), -1).astype(jnp.int32),
+        segment_ids=jnp.zeros((3, T), jnp.int32),
         length=jnp.asarray(T - 1, jnp.int32),
     )
     quantized = fill_quantized_kv_cache(init_quantized_kv_cache(3, 2, d, T, bits), prompt(k), prompt(v))

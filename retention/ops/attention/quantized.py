@@ -114,9 +114,10 @@ def init_quantized_kv_cache(
 
 
 def dequantized(cache: QuantizedKVCache, dtype) -> KVCache:
-    """The float KVCache in `dtype` that `cache` holds."""
+    """The float KVCache in `dtype` that `cache` holds (one document per row: every slot's segment id 0)."""
     k, v = dequantize(cache.k, cache.k_scale, dtype), dequantize(cache.v, cache.v_scale, dtype)
-    return KVCache(k=k, v=v, pos=cache.pos, length=cache.length)
+    segment_ids = jnp.zeros(cache.k.shape[:1] + cache.k.shape[2:3], jnp.int32)  # [B, L]
+    return KVCache(k=k, v=v, pos=cache.pos, segment_ids=segment_ids, length=cache.length)
 
 
 def _write(cache: QuantizedKVCache, k_BHnd, v_BHnd, new_pos) -> QuantizedKVCache:
