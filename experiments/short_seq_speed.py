@@ -22,7 +22,8 @@ from experiments.compare.models import compose_config
 from retention.nn import LM
 from retention.train.config import make_lm_config
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_train_step
+from retention.data import Batch
+from retention.train.step import TraceCount, device_batch, make_train_step
 
 MODEL = [
     "model.n_layers=2",
@@ -43,12 +44,12 @@ def compiled_step(overrides: list[str], T: int, B: int):
     tx, _ = make_optimizer(cfg.optim, 1000)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
     tokens = jax.random.randint(jax.random.key(T), (B, T + 1), 0, VOCAB, dtype=jnp.int32)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    compiled = make_train_step(graphdef, tx, TraceCount()).lower(state, inputs, targets).compile()
+    batch = device_batch(Batch(tokens[:, :-1], tokens[:, 1:]))
+    compiled = make_train_step(graphdef, tx, TraceCount()).lower(state, batch).compile()
 
     def step():
         nonlocal state
-        state, metrics = compiled(state, inputs, targets)
+        state, metrics = compiled(state, batch)
         jax.block_until_ready(metrics)
 
     step()  # warm-up
