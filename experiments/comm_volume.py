@@ -47,9 +47,10 @@ def scan_rounds(n: int) -> int:
 
 def retention_bytes(n: int, B: int, H: int, d: int, deg: int) -> dict:
     """Forward bytes of the state scan: received by the busiest device, and by all devices together. Each round
-    moves a float32 state [S | z] and its log-decay, except the last round's log-decay (needed only with an
-    initial state, so XLA drops it)."""
-    state, decay = 4 * B * H * sympow_dim(d, deg) * (d + 1), 4 * B * H
+    moves a float32 state [S | z], its log-decay (float32) and whether it resets (a bool per row and head: a
+    document start or a -inf gate), except the last round's log-decay and reset flag (needed only with an initial
+    state, so XLA drops them)."""
+    state, decay = 4 * B * H * sympow_dim(d, deg) * (d + 1), (4 + 1) * B * H
     rounds = scan_rounds(n)
     senders = [n - 1] + [n - s for s in (2**i for i in range(rounds - 1))]  # the shift by one, then 1, 2, 4, ...
     total = sum(senders) * (state + decay) - (senders[-1] * decay if rounds else 0)
@@ -72,7 +73,7 @@ def hlo_bytes(n: int, T: int, B: int, H: int, d: int, deg: int, kv_dtype: str) -
     mesh = make_mesh(1, 1, n)
     q = jax.ShapeDtypeStruct((B, T, H, d), jnp.dtype(kv_dtype))
     g = jax.ShapeDtypeStruct((B, T, H), jnp.float32)
-    itemsize = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "f64": 8}
+    itemsize = {"f32": 4, "bf16": 2, "f16": 2, "i32": 4, "f64": 8, "i1": 1}
 
     def collective_bytes(fn, *args, op):
         total = 0

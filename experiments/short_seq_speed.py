@@ -19,10 +19,10 @@ import numpy as np
 from flax import nnx
 
 from experiments.compare.models import compose_config
+from retention.data import Batch
 from retention.nn import LM
 from retention.train.config import make_lm_config
 from retention.train.optimizer import make_optimizer
-from retention.data import Batch
 from retention.train.step import TraceCount, device_batch, make_train_step
 
 MODEL = [

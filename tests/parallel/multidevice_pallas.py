@@ -8,6 +8,8 @@ program gathers nothing. The decode step and a 2-layer LM train step (model.rete
 their single-device and XLA counterparts.
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +24,7 @@ from retention.ops import power_retention_context_parallel
 from retention.parallel import batch_sharding, make_mesh, put_batch, state_shardings
 from retention.train import build
 from retention.train.optimizer import make_optimizer
-from retention.train.step import TraceCount, make_init, make_train_step
+from retention.train.step import TraceCount, device_batch, make_init, make_train_step
 from tests.helpers import random_qkv, rel_err
 from tests.parallel.common import require_devices
 from tests.train.common import TINY, compose_config
@@ -150,9 +152,8 @@ def test_lm_train_step_with_kernels_on_mesh_equals_xla():
     )
     one, sharded = jax.jit(init)(), jax.jit(init, out_shardings=shardings)()
     batch = dataset.batch(0)
-    one, m_one = one_step(one, jnp.asarray(batch.inputs), jnp.asarray(batch.targets))
-    x, y = (put_batch(a, batch_sharding(mesh)) for a in (batch.inputs, batch.targets))
-    sharded, m_sharded = sharded_step(sharded, x, y)
+    one, m_one = one_step(one, device_batch(batch))
+    sharded, m_sharded = sharded_step(sharded, device_batch(batch, partial(put_batch, sharding=batch_sharding(mesh))))
     for key in ("loss", "grad_norm"):
         assert abs(float(m_sharded[key]) - float(m_one[key])) <= 1e-5 * max(1.0, abs(float(m_one[key]))), key
     assert rel_err(_flat(sharded["params"]), _flat(one["params"])) < 1e-5
