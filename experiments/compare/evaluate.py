@@ -17,6 +17,7 @@ from experiments.compare.runs import eval_sums, load_params
 from experiments.formatting import human_bytes
 from retention.nn import LM
 from retention.train.config import Config, make_dataset, make_lm_config
+from retention.train.evaluate import bits_per_byte, target_bytes
 from retention.train.step import SCALAR_SUMS, masked_sums, ratios
 
 
@@ -75,7 +76,11 @@ def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: 
             return {"skipped": f"not run: memory {human_bytes(nbytes)} > {human_bytes(preset.long_eval_bytes)}"}
         for b in batches:
             total = _add(total, compiled(params, jnp.asarray(b.inputs), jnp.asarray(b.targets)))
-    return {**ratios(total), "sequences": batch * spec.test_batches, "eval_bytes": nbytes}
+    out = {**ratios(total), "sequences": batch * spec.test_batches, "eval_bytes": nbytes}
+    if hasattr(data, "token_bytes"):  # text: bits per byte, comparable across tokenizers (as the trainer's eval)
+        n_bytes = sum(target_bytes(b.targets, data.token_bytes) for b in batches)
+        out["bits_per_byte"] = bits_per_byte(float(total["nll"]), n_bytes)
+    return out
 
 
 def evaluate_run(preset: Preset, run: Run, cfg: Config, source) -> dict[str, dict]:

@@ -7,7 +7,7 @@ on the frontier task). Each task gives its data and trainer overrides, the learn
 at (seed `seeds[0]`), the seeds run at the best one, and the lengths of the test evaluation. Model overrides are
 Hydra strings, exactly as `train.py` takes them.
 
-- `cpu`: this 2-core machine, about 35 minutes in all (estimate in CPU_ESTIMATE), in parts that resume.
+- `cpu`: this 2-core machine, about 30 minutes on 2 idle cores (CPU_ESTIMATE), in parts that resume.
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
@@ -251,14 +251,10 @@ CPU = Preset(
         **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
     },
 )
-# Sized from measured seconds (python -m experiments.compare.estimate --preset cpu --measured <runs>, 2026-12-01,
-# 2 shared cores): a training run took 18-27 CPU s (mqar, softmax / power), 23-24 (passkey), 31-33 (text at 100
-# steps and 5 eval lengths), mostly compilation; a test eval 18 (4 batches, 64k). 73 trained runs (mqar: 5
-# headline entries x (3 lrs + 2 seeds) + 6 ablations x 3 lrs + 2 frontier entries x 3 lrs = 49; passkey and text:
-# 4 x 3 lrs each): 1,690 CPU s; 37 test evals: 680; the speed sweep ~250 (not measured to the end: its first
-# model had used 181 CPU s at 4 lengths). About 43 CPU minutes before the last cuts (trainer eval at 1x, 2 test
-# batches, 64k for the headline, speed at 2 lengths), 35-40 after; wall on 2 idle cores at most the CPU seconds.
-CPU_ESTIMATE = "about 35-40 minutes on 2 idle cores (from measured CPU seconds; python -m experiments.compare.estimate)"
+# Measured (2026-12-01, 2 shared cores, outputs/compare/cpu/timings.json): the speed sweep 580 CPU s; 63 training
+# runs about 2,200 (35 a run: mqar 200 steps, passkey and text 60, mostly compilation and evals); seeds 235; 37 test
+# evals 130. About 52 CPU minutes: half an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2).
+CPU_ESTIMATE = "about 30 minutes on 2 idle cores in two parts (52 CPU minutes measured)"
 
 GPU_MODEL = (
     "model.n_layers=8",
