@@ -21,7 +21,7 @@ def _loss(fn, cotangent):
 @pytest.mark.parametrize("chunk", [16, 32, 64])
 def test_chunk_size_does_not_change_the_result(chunk):
     q, k, v, log_g = random_qkv(3, 1, 150, 2, 2, 8, gate="mild")
-    ys = [power_retention(q, k, v, log_g, chunk_size=c) for c in (chunk, 128)]
+    ys = [jax.jit(lambda *a, c=c: power_retention(*a, chunk_size=c))(q, k, v, log_g) for c in (chunk, 128)]
     assert rel_err(ys[0], ys[1]) < F32_TOL
 
 
@@ -39,14 +39,20 @@ def test_million_tokens_stay_finite_and_bounded(gate):
     assert (y[0, :, 0] >= running_min - slack).all() and (y[0, :, 0] <= running_max + slack).all()
 
 
+@jax.jit
+def _causal_grads(q, k, v, log_g, cot):
+    """Gradients of <power_retention(q, k, v, log_g), cot> (chunk 16), compiled once for every row t below."""
+    loss = lambda *a: jnp.sum(power_retention(*a, chunk_size=16).astype(jnp.float64) * cot)
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_g)
+
+
 @pytest.mark.parametrize("t", [0, 15, 16, 40, 70])
 def test_causality(t):
     """Gradient of y_t (random cotangent at row t only) with respect to every input after t is exactly zero."""
     T = 71
     q, k, v, log_g = random_qkv(t, 1, T, 4, 2, 8, gate="mild")
     cot = jnp.zeros(q.shape, jnp.float64).at[:, t].set(jax.random.normal(jax.random.key(t), q[:, t].shape))
-    loss = _loss(lambda *a: power_retention(*a, chunk_size=16), cot)
-    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_g)
+    grads = _causal_grads(q, k, v, log_g, cot)
     for name, g in zip("q k v log_g".split(), grads):
         assert jnp.all(g[:, t + 1 :] == 0), name
         if t > 0 or name != "log_g":  # y_0 = v_0 whatever the gate
@@ -58,10 +64,10 @@ def test_grouped_state_remat_gives_the_same_values_and_gradients(monkeypatch):
     q, k, v, log_g = random_qkv(8, 1, 200, 4, 2, 8, gate="mild")
     cot = jax.random.normal(jax.random.key(3), q.shape, jnp.float64)
     loss = _loss(lambda *a: power_retention(*a, chunk_size=16), cot)
-    want = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_g)
-    monkeypatch.setattr(chunked, "STATE_BUDGET_BYTES", 0)
+    want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, log_g)
+    monkeypatch.setattr(chunked, "STATE_BUDGET_BYTES", 0)  # read when the second one is traced
     assert chunked._state_group(13, 1) == 4
-    got = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, log_g)
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, log_g)
     assert abs(float(got[0]) - float(want[0])) <= 1e-5 * abs(float(want[0]))
     for name, a, b in zip("q k v log_g".split(), got[1], want[1]):
         assert rel_err(a, b) < 1e-5, name

@@ -49,8 +49,11 @@ def test_gpu_variant(case):
     check_path(case, stepped(step, lambda q, k: init_state(case.B, case.H, case.d, case.deg)))
 
 
-@pytest.mark.parametrize("case", case_ids(_supported("tpu")))
+@pytest.mark.parametrize("case", case_ids(_supported("tpu"))[::2])
 def test_tpu_variant(case):
+    """The TPU variant's block layout on every other supported case (the GPU variant above runs them all through
+    the same per-chunk math; this halves the suite's interpret-mode time)."""
+
     def step(state, q, k, v, log_g):
         scale = case.d**-0.5
         if q.shape[1] <= (case.chunk or DEFAULT_CHUNK_SIZE):
