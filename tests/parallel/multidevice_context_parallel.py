@@ -58,8 +58,10 @@ def _mesh_shape(case) -> tuple[int, int, int]:
 
 
 def _supported(case) -> bool:
-    """T splits over a sequence axis and B over the other axes."""
-    return _sequence_devices(case) > 0 and case.B % math.prod(_mesh_shape(case)[:2]) == 0
+    """T splits over a sequence axis and B over the other axes; float32 (the bfloat16 case differs from its float32
+    twin only in the local op's casts, which the single-device battery covers: left out for the suite's time)."""
+    splits = _sequence_devices(case) > 0 and case.B % math.prod(_mesh_shape(case)[:2]) == 0
+    return splits and case.dtype == "float32"
 
 
 @pytest.mark.parametrize("case", case_ids(_supported, packed=True))
