@@ -31,6 +31,22 @@ def check_conv_size(name: str, conv_size, *, low: int = 0) -> None:
     check_int(name, conv_size, low=low)
 
 
+@jax.custom_jvp
+def _separate_cotangent(x):
+    """The identity, whose cotangent is computed on its own on the CPU (its tangent passes through an optimization
+    barrier, which transposes to one; other platforms: unchanged). Without it XLA CPU fuses the convolution's
+    backward (K shifted, masked sums) into the transpose that the projection's weight gradient needs, a loop that
+    reads five arrays in another layout: 13-20 ms for [128, 128, 64] where the sum and a plain transpose take ~4
+    (experiments/PERF_LOG.md, 2026-12-01)."""
+    return x
+
+
+@_separate_cotangent.defjvp
+def _separate_cotangent_jvp(primals, tangents):
+    barrier = lambda t: jax.lax.platform_dependent(t, cpu=jax.lax.optimization_barrier, default=lambda t: t)
+    return primals[0], barrier(tangents[0])
+
+
 def causal_conv(
     x_BTC: Float[Array, "B T C"],
     kernel_KC: Float[Array, "K C"],
@@ -45,6 +61,7 @@ def causal_conv(
     prefix's ids (None: the prefix continues token 0's document)."""
     K = kernel_KC.shape[0]
     B, T, C = x_BTC.shape
+    x_BTC = _separate_cotangent(x_BTC)
     if prefix_BPC is None:
         prefix_BPC = jnp.zeros((B, K - 1, C), x_BTC.dtype)
     xp_BSC = jnp.concatenate([prefix_BPC.astype(x_BTC.dtype), x_BTC], axis=1)  # S = K - 1 + T

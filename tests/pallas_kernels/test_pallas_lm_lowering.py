@@ -1,9 +1,9 @@
-"""A 2-layer PA model's forward and backward with the kernels (retention_impl="pallas", bf16), lowered from this CPU
-machine with `jax.export` under an abstract 8-device mesh: TPU (Mosaic) and H200 (Triton), data (8,1,1) and fsdp
-(1,8,1), head dims 64 and 128. `lowering_for` targets the kernels at the platform (no interpret mode; the attention
-layer takes splash on TPU through impl="auto", blockwise on the H200: cuDNN's lowering asks for a GPU); the ops run
-them inside a shard_map over the batch (before this, lowering failed: Mosaic kernels cannot be automatically
-partitioned)."""
+"""A 2-layer PA model's (short convolution and QK-norm on) forward and backward with the kernels
+(retention_impl="pallas", bf16), lowered from this CPU machine with `jax.export` under an abstract 8-device mesh: TPU
+(Mosaic) and H200 (Triton), data (8,1,1) and fsdp (1,8,1), head dims 64 and 128. `lowering_for` targets the kernels
+at the platform (no interpret mode; the attention layer takes splash on TPU through impl="auto", blockwise on the
+H200: cuDNN's lowering asks for a GPU); the ops run them inside a shard_map over the batch (before this, lowering
+failed: Mosaic kernels cannot be automatically partitioned)."""
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,8 @@ def _exported(platform: str, shape: tuple[int, int, int], d: int):
         n_kv_heads=2,
         head_dim=d,
         chunk_size=128,
+        conv_size=4,  # the presets' parts: the short convolution and QK-norm lower with the kernels
+        qk_norm=True,
         retention_impl="pallas",
         attention_impl="auto" if platform == "tpu" else "xla",  # cuDNN does not lower without a GPU ("not detected")
         dtype="bfloat16",
