@@ -1,6 +1,7 @@
 """Pure functions on arrays, one folder per op: power retention (`power_retention/`: chunked, recurrent, Pallas,
-reference, context parallel) and the softmax baselines (`attention/`); the checks both share (validation.py) and
-the mesh helpers of their context-parallel forms (sequence_parallel.py)."""
+reference, context parallel), the softmax baselines (`attention/`) and the short convolution (`conv/`); the checks
+they share (validation.py), the platform they target (platform.py) and the mesh helpers of their context-parallel
+forms (sequence_parallel.py)."""
 
 from retention.ops.attention import (
     ATTENTION_IMPLS,
@@ -10,6 +11,8 @@ from retention.ops.attention import (
     softmax_attention_context_parallel,
     softmax_attention_step,
 )
+from retention.ops.conv import causal_conv, causal_conv_context_parallel
+from retention.ops.platform import lowering_for
 from retention.ops.power_retention import (
     CHUNK_SIZES,
     RETENTION_IMPLS,
@@ -32,10 +35,13 @@ __all__ = [
     "RETENTION_IMPLS",
     "KVCache",
     "RetentionState",
+    "causal_conv",
+    "causal_conv_context_parallel",
     "check_chunk_size",
     "check_deg",
     "init_kv_cache",
     "init_state",
+    "lowering_for",
     "power_retention",
     "power_retention_context_parallel",
     "power_retention_reference",
