@@ -17,12 +17,11 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConvCache
-from retention.nn.layers import check_heads, check_rope_base
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import (
+    QKVMixer,
     conv_cache_bytes,
     conv_taps,
-    make_qkv_parts,
     mixer_options,
     project_qkv,
     qkv_part_params,
@@ -66,7 +65,7 @@ def _check_one_document(segment_ids) -> None:
         )
 
 
-class Attention(nnx.Module):
+class Attention(QKVMixer):
     """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
     (GQA), an optional causal short convolution on each (conv_size taps, 0: none), optional QK RMSNorm and RoPE,
     the softmax op, and the output projection. `impl` is the full-sequence op's (one of ATTENTION_IMPLS); the
@@ -91,28 +90,13 @@ class Attention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        check_int("d_model", d_model)
-        check_heads(heads, kv_heads, head_dim)
-        check_rope_base(rope_base, head_dim)
         check_window(window)
+        check_choice("impl", impl, ATTENTION_IMPLS)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+        super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         if kv_cache_bits is not None:
             check_quantization(head_dim, kv_cache_bits, default_group(head_dim))
-        self.kv_cache_bits = kv_cache_bits
-        check_choice("impl", impl, ATTENTION_IMPLS)
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.window, self.rope_base, self.impl = window, rope_base, impl
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = linear(d_model, heads * head_dim)
-        self.k_proj = linear(d_model, kv_heads * head_dim)
-        self.v_proj = linear(d_model, kv_heads * head_dim)
-        self.o_proj = linear(heads * head_dim, d_model)
-        self.conv, self.qk_norm = make_qkv_parts(
-            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
-        )
-
-    def _out(self, y_BTHd):
-        B, T = y_BTHd.shape[:2]
-        return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
+        self.window, self.impl, self.kv_cache_bits = window, impl, kv_cache_bits
 
     def __call__(
         self,
@@ -128,15 +112,15 @@ class Attention(nnx.Module):
         q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
         options = dict(window=self.window, segment_ids=segment_ids)
         if not decode and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
-            return self._out(softmax_attention_context_parallel(q, k, v, **options)), None
+            return self.out(softmax_attention_context_parallel(q, k, v, **options)), None
         if not decode:
-            return self._out(softmax_attention(q, k, v, **options, impl=self.impl)), None
+            return self.out(softmax_attention(q, k, v, **options, impl=self.impl)), None
         if isinstance(cache.kv, QuantizedKVCache):
             _check_one_document(segment_ids)
             y, kv = softmax_attention_step_quantized(cache.kv, q, k, v, window=self.window)
         else:
             y, kv = softmax_attention_step(cache.kv, q, k, v, **options)
-        return self._out(y), AttentionCache(kv, conv_cache)
+        return self.out(y), AttentionCache(kv, conv_cache)
 
     def prefill(
         self,
@@ -158,8 +142,8 @@ class Attention(nnx.Module):
         y = softmax_attention(q, k, v, window=self.window, segment_ids=segment_ids, impl=self.impl)
         if isinstance(kv, QuantizedKVCache):
             _check_one_document(segment_ids)
-            return self._out(y), AttentionCache(fill_quantized_kv_cache(kv, k, v), conv_cache)
-        return self._out(y), AttentionCache(fill_kv_cache(kv, k, v, segment_ids), conv_cache)
+            return self.out(y), AttentionCache(fill_quantized_kv_cache(kv, k, v), conv_cache)
+        return self.out(y), AttentionCache(fill_kv_cache(kv, k, v, segment_ids), conv_cache)
 
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> AttentionCache:
         """An empty KV cache: max_len slots for full attention; window + step_tokens - 1 for a sliding window

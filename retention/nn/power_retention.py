@@ -18,12 +18,11 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConvCache
-from retention.nn.layers import check_heads, check_rope_base
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import (
+    QKVMixer,
     conv_cache_bytes,
     conv_taps,
-    make_qkv_parts,
     mixer_options,
     project_qkv,
     qkv_part_params,
@@ -57,7 +56,7 @@ class RetentionCache(NamedTuple):
     conv: QKVConvCache | None
 
 
-class PowerRetention(nnx.Module):
+class PowerRetention(QKVMixer):
     """Power retention mixer: q, k, v projections (GQA), an optional causal short convolution on each (conv_size
     taps, 0: none), optional QK RMSNorm and RoPE, optional per-kv-head gate log_g = log_sigmoid(x W_g + b_g) with
     b_g initialised to gate_bias_init, the power retention op, and the output projection. `impl` is the op's (one
@@ -82,20 +81,13 @@ class PowerRetention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        check_int("d_model", d_model)
-        check_heads(heads, kv_heads, head_dim)
-        check_rope_base(rope_base, head_dim)
         check_deg(deg)
         check_number("gate_bias_init", gate_bias_init)
         check_chunk_size(chunk_size)
         check_choice("impl", impl, RETENTION_IMPLS)
-        self.heads, self.kv_heads, self.head_dim, self.deg = heads, kv_heads, head_dim, deg
-        self.rope_base, self.chunk_size, self.impl = rope_base, chunk_size, impl
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = linear(d_model, heads * head_dim)
-        self.k_proj = linear(d_model, kv_heads * head_dim)
-        self.v_proj = linear(d_model, kv_heads * head_dim)
-        self.o_proj = linear(heads * head_dim, d_model)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+        super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
+        self.deg, self.chunk_size, self.impl = deg, chunk_size, impl
         self.gate_proj = (
             nnx.Linear(
                 d_model,
@@ -107,9 +99,6 @@ class PowerRetention(nnx.Module):
             )
             if gating
             else None
-        )
-        self.conv, self.qk_norm = make_qkv_parts(
-            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
 
     def __call__(
@@ -123,7 +112,7 @@ class PowerRetention(nnx.Module):
         """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
         T tokens continuing the cache (the step op; rows whose first token starts a new document begin from an
         empty state). segment_ids enter here, and only here. Returns (y [B, T, D], the new cache or None)."""
-        B, T, _ = x_BTD.shape
+        T = x_BTD.shape[1]
         decode = cache is not None
         q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
         log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
@@ -140,7 +129,7 @@ class PowerRetention(nnx.Module):
             y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:
             y = power_retention(q, k, v, log_g, **options)
-        return self.o_proj(y.reshape(B, T, self.heads * self.head_dim)), cache
+        return self.out(y), cache
 
     def prefill(self, x_BTD, *, positions, segment_ids=None, cache: RetentionCache):
         """A prompt into a fresh cache: the same as a call with the cache (the step op: one chunk against the state

@@ -2,9 +2,12 @@
 and QK RMSNorm), the projections themselves with RoPE, and their sizes for the mixer registry's formulas."""
 
 import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float
 
 from retention.nn.conv import QKVConv, check_conv_size
-from retention.nn.layers import QKNorm, apply_rope
+from retention.nn.layers import QKNorm, apply_rope, check_heads, check_rope_base
+from retention.validation import check_int
 
 
 def mixer_options(config) -> dict:
@@ -56,6 +59,44 @@ def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, para
     )
     norm = QKNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if qk_norm else None
     return conv, norm
+
+
+class QKVMixer(nnx.Module):
+    """The base of every q/k/v mixer: q, k, v projections (GQA: k and v have kv_heads heads), the output projection,
+    the optional parts (a causal short convolution of conv_size taps, 0: none; QK RMSNorm) and RoPE (rope_base None:
+    none). A subclass adds its own parameters and its op, calls `project_qkv(self, ...)` and `self.out(y)`."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: bool,
+        conv_size: int,
+        rope_base: float | None,
+        dtype,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
+        check_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_rope_base(rope_base, head_dim)
+        self.heads, self.kv_heads, self.head_dim, self.rope_base = heads, kv_heads, head_dim, rope_base
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def out(self, y_BTHd: Float[Array, "B T Hq d"]) -> Float[Array, "B T D"]:
+        """The output projection of the op's heads."""
+        B, T = y_BTHd.shape[:2]
+        return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
 
 
 def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool):
