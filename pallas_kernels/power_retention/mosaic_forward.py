@@ -47,6 +47,13 @@ ROW = WGMMA.reduce(1)  # a vector with one value per row of a WGMMA array
 COL = WGMMA.reduce(0)  # a vector with one value per column
 SWIZZLED = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 OPERAND_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+SMEM_BYTES = 227 * 1024  # shared memory one Hopper block may take
+
+
+def output_smem_bytes(d: int, e: int, chunk: int, rows: int) -> int:
+    """Shared memory of one output-kernel program: q~, q, k, v tiles (bf16), five per-token vectors and y
+    (float32), two pipeline stages of q~^T rows and state rows (bf16)."""
+    return 2 * chunk * (3 * d + e) + 4 * chunk * (5 + e) + 2 * 2 * rows * (chunk + d * e)
 
 
 def check_mosaic(d: int, e: int, chunk: int, rows: int, dtype) -> None:
@@ -57,6 +64,11 @@ def check_mosaic(d: int, e: int, chunk: int, rows: int, dtype) -> None:
         raise ValueError(f"chunk_size={chunk}: the Mosaic GPU forward needs a multiple of 64")
     if d % rows:
         raise ValueError(f"BlockSizes.state_rows={rows} must divide the head dim d={d}")
+    if (need := output_smem_bytes(d, e, chunk, rows)) > SMEM_BYTES:
+        raise ValueError(
+            f"chunk_size={chunk} at d={d}, state_rows={rows}: the Mosaic GPU output kernel needs {need} bytes of "
+            f"shared memory, more than the {SMEM_BYTES} a Hopper block has; use a smaller chunk or fewer rows"
+        )
     if jnp.dtype(dtype) not in OPERAND_DTYPES:
         raise ValueError(f"dtype {jnp.dtype(dtype)}: the Mosaic GPU forward takes bfloat16 or float16 inputs")
 

@@ -1,10 +1,12 @@
 """The Mosaic GPU forward (pallas_kernels/power_retention/mosaic_forward.py, `BlockSizes.forward="mosaic"`).
 
 Mosaic GPU runs only on a GPU, so here: (a) the forward, and the gradient (its backward is the Triton one), lower
-for an abstract H200 through Mosaic GPU's own lowering (layout inference included) at several shapes; (b) its
-block algorithm in jnp (mosaic_emulation.py, what the op runs in interpret mode) matches the float64 oracles
-(tests/ops/cases.py) on bf16 inputs at d = 64: T not a multiple of the chunk, GQA, gates, resets, an initial
-state, and once with gradients through the custom VJP; (c) what it does not support raises.
+for an abstract H200 through Mosaic GPU's own lowering (layout inference and the shared-memory check included)
+at several shapes; (b) its block algorithm in jnp (mosaic_emulation.py, what the op runs in interpret mode)
+matches the float64 oracles (tests/ops/cases.py) on bf16 inputs at d = 64: T not a multiple of the chunk, GQA,
+gates, resets, an initial state, and once with gradients through the custom VJP; (c) what it does not support
+raises (float32 inputs, d or the chunk not a multiple of 64, a TPU backend, more shared memory than a Hopper
+block has: at d = 128 and chunk 128 Mosaic GPU itself reports 265,240 bytes).
 """
 
 import jax
@@ -126,6 +128,10 @@ def test_mosaic_forward_refuses_what_it_does_not_support():
         run(q, k, v, backend="tpu")
     with pytest.raises(ValueError, match="BlockSizes.forward must be one of"):
         BlockSizes(state_rows=4, read_rows=None, forward="cuda")
+    q, k, v, _ = random_qkv(0, 1, 128, 1, 1, 128, dtype=jnp.bfloat16)
+    wide = BlockSizes(state_rows=1, read_rows=None, forward="mosaic")
+    with pytest.raises(ValueError, match="chunk_size=128 at d=128, state_rows=1: .* needs 265216 bytes"):
+        chunked_pallas(q, k, v, None, init_state(1, 1, 128), deg=2, scale=0.1, chunk_size=128, block_sizes=wide)
     q, k, v, _ = random_qkv(0, 1, 64, 2, 2, 32, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="d=32, e=32: the Mosaic GPU forward needs multiples of 64"):
         chunked_pallas(q, k, v, None, init_state(1, 2, 32), deg=2, scale=0.2, chunk_size=64, block_sizes=MOSAIC)
