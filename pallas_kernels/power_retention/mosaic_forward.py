@@ -41,6 +41,7 @@ from pallas_kernels.power_retention.mosaic_blocks import (
     read_mask,
     selected_read,
 )
+from pallas_kernels.vma import out_struct
 
 WGMMA = plgpu.Layout.WGMMA
 ROW = WGMMA.reduce(1)  # a vector with one value per row of a WGMMA array
@@ -228,10 +229,7 @@ def state_pass(kt, v, gamma, carry, init, *, chunk: int, rows: int, emulate: boo
         return mosaic_emulation.state_pass(kt, v, gamma, carry, init, chunk=chunk)
     B, H, d, Tp = kt.shape
     e = v.shape[-1]
-    out_type = (
-        jax.ShapeDtypeStruct((B, H, Tp // chunk * d * d, e), kt.dtype),
-        jax.ShapeDtypeStruct((B, H, d * d, e), F32),
-    )
+    out_type = (out_struct((B, H, Tp // chunk * d * d, e), kt.dtype, kt), out_struct((B, H, d * d, e), F32, kt))
     kernel = plgpu.kernel(
         partial(_state_pass_kernel, chunk=chunk, rows=rows),
         out_type=out_type,
@@ -251,7 +249,7 @@ def output(qg, qgt, q, k, v, F, R, den_read, S_before, *, chunk: int, rows: int,
     H, e = k.shape[1], v.shape[-1]
     kernel = plgpu.kernel(
         partial(_output_kernel, chunk=chunk, rows=rows, scale=scale, g=Hq // H),
-        out_type=(jax.ShapeDtypeStruct((B, Hq, Tp, e), F32), jax.ShapeDtypeStruct((B, Hq, Tp), F32)),
+        out_type=(out_struct((B, Hq, Tp, e), F32, q), out_struct((B, Hq, Tp), F32, q)),
         grid=(B, Hq, Tp // chunk),
         grid_names=("b", "head", "n"),
     )

@@ -135,3 +135,27 @@ def test_mosaic_forward_refuses_what_it_does_not_support():
     q, k, v, _ = random_qkv(0, 1, 64, 2, 2, 32, dtype=jnp.bfloat16)
     with pytest.raises(ValueError, match="d=32, e=32: the Mosaic GPU forward needs multiples of 64"):
         chunked_pallas(q, k, v, None, init_state(1, 2, 32), deg=2, scale=0.2, chunk_size=64, block_sizes=MOSAIC)
+
+
+def test_mosaic_forward_lowers_inside_shard_map():
+    """Under a 2-device H200 mesh (a shard_map over the batch, checking varying axes): the kernels' outputs carry
+    their inputs' varying axes."""
+    device = H200.abstract_device
+    mesh = jax.sharding.AbstractMesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device)
+    B, T, Hq, H, d = 2, 256, 4, 2, 64
+    x = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
+
+    def local(q, k, v, log_g):
+        state = init_state(q.shape[0], H, d)
+        options = dict(deg=2, scale=d**-0.5, chunk_size=128, interpret=False, block_sizes=MOSAIC, backend="gpu")
+        return chunked_pallas(q, k, v, log_g, state, **options)[0]
+
+    spec = jax.sharding.PartitionSpec("x")
+    forward = lambda *a: jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)(*a)
+    grad = jax.grad(lambda *a: forward(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))
+    args = (x(B, T, Hq, d), x(B, T, H, d), x(B, T, H, d), x(B, T, H, dt=jnp.float32))
+    checks = [jax.export.DisabledSafetyCheck.custom_call(name) for name in (MOSAIC_CALL, TRITON_CALL)]
+    with jax.sharding.use_abstract_mesh(mesh):
+        for fn in (forward, grad):
+            module = jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args).mlir_module()
+            assert MOSAIC_CALL in module and "sdy.manual_computation" in module
