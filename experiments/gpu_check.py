@@ -150,11 +150,12 @@ def train_times(op, args, repeats, forward: bool = True):
 
 
 def sweep(sizes, backend, max_seconds, extra=()):
-    """[(blocks, {T: (fwd s, fwd+bwd s)})]: every candidate (and the `extra` ones) at sizes["sweep_T"] (fwd+bwd),
-    then the best three and the default at the other lengths; stops starting new runs after `max_seconds` of the
-    whole check."""
+    """[(blocks, {T: (fwd s, fwd+bwd s)})]: every candidate at sizes["sweep_T"] (fwd+bwd), the `extra` ones right
+    after the default, then the best three and the default at the other lengths; stops starting new runs after
+    `max_seconds` of the whole check."""
     H, d, T0 = sizes["H"], sizes["d"], sizes["sweep_T"]
-    candidates = kernels.candidate_block_sizes(backend, d) + list(extra)
+    grid = kernels.candidate_block_sizes(backend, d)
+    candidates = grid[:1] + list(extra) + grid[1:]
     if sizes is QUICK:  # the default alone, in chunks the tiny length fills
         candidates = [dataclasses.replace(candidates[0], chunk=16)]
     args = inputs(T0, 1, T0, H, d, jnp.bfloat16)

@@ -6,7 +6,8 @@ at several shapes; (b) its block algorithm in jnp (mosaic_emulation.py, what the
 matches the float64 oracles (tests/ops/cases.py) on bf16 inputs at d = 64: T not a multiple of the chunk, GQA,
 gates, resets, an initial state, and once with gradients through the custom VJP; (c) what it does not support
 raises (float32 inputs, d or the chunk not a multiple of 64, a TPU backend, more shared memory than a Hopper
-block has: at d = 128 and chunk 128 Mosaic GPU itself reports 265,240 bytes).
+block has: at d = 128 and chunk 128 Mosaic GPU itself reports 265,240 bytes). On a GPU (no interpret mode) the
+oracle tests in (b) run the Mosaic kernels themselves.
 """
 
 import jax
