@@ -5,7 +5,10 @@ decode speed against the baselines, and a 2-layer LM train step. About 8 minutes
    carry any error in y) against the XLA chunked path, `power_retention(impl="xla")`.
 2. Sweep: forward+backward of the kernels for every `candidate_block_sizes` entry (block sizes and chunk size) at
    T=16k, then the best three and the committed default at 4k and 64k, forward and forward+backward (B=1, H=8,
-   d=64, bf16, gated). The best at 64k is written where `default_block_sizes` reads it (`write_tuned`).
+   d=64, bf16, gated). The best at 64k is written where `default_block_sizes` reads it (`write_tuned`). On GPU the
+   Mosaic GPU forward (`BlockSizes.forward="mosaic"`, chunks 64 and 128) runs beside the Triton candidates once its
+   bf16 outputs and gradients match the Triton kernels' at T=4096 (so it becomes the default only where faster);
+   a Mosaic failure is logged and recorded, and the rest of the check goes on.
 3. Baselines at the same shapes: the XLA chunked path and causal softmax attention (cuDNN flash attention on GPU,
    blockwise XLA elsewhere).
 4. Decode: one token against a 64k context, the kernels' step against `softmax_attention_step` (a KV cache of 64k
@@ -108,6 +111,34 @@ def check(T, H, d, blocks):
     return {n: rel_err(a, b) for n, a, b in zip(names, out["pallas"], out["xla"])}
 
 
+def mosaic_candidates(backend, sizes) -> list:
+    """The Mosaic GPU forward at chunks 64 and 128, the committed GPU blocks otherwise (GPU only, d a multiple of
+    64, not --quick: it has no CPU mode at d < 64)."""
+    d = sizes["d"]
+    if backend != "gpu" or sizes is QUICK or d % 64:
+        return []
+    base = kernels.candidate_block_sizes(backend, d)[0]
+    return [dataclasses.replace(base, forward="mosaic", chunk=c) for c in (64, 128)]
+
+
+def check_mosaic(T, H, d, blocks) -> dict:
+    """bf16 relative errors of the Mosaic forward's final state and gradients (y through the cotangent) against
+    the Triton kernels' at the same chunk, or {"failed": the error} where it does not compile or run."""
+    q, k, v, log_g = inputs(0, 1, T, H, d, jnp.bfloat16)
+    ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
+    out = {}
+    try:
+        for name in ("mosaic", "triton"):
+            op = kernel_op(dataclasses.replace(blocks, forward=name))
+            grad = jax.value_and_grad(partial(_loss, op, ct), argnums=(0, 1, 2, 3), has_aux=True)
+            (_, final), grads = jax.jit(grad)(q, k, v, log_g)
+            out[name] = (final.S, final.z, *grads)
+    except Exception as error:  # the first device run of this kernel: record what fails, keep checking the rest
+        return {"failed": f"{type(error).__name__}: {str(error)[:2000]}"}
+    names = ("S", "z", "dq", "dk", "dv", "dlog_g")
+    return {n: rel_err(a, b) for n, a, b in zip(names, out["mosaic"], out["triton"])}
+
+
 def train_times(op, args, repeats, forward: bool = True):
     """Median seconds of the jit'd forward (None unless `forward`) and of forward+backward."""
     ct = jnp.ones(args[0].shape, jnp.float32)
@@ -117,11 +148,13 @@ def train_times(op, args, repeats, forward: bool = True):
     return t_f, t_fb
 
 
-def sweep(sizes, backend, max_seconds):
-    """[(blocks, {T: (fwd s, fwd+bwd s)})]: every candidate at sizes["sweep_T"] (fwd+bwd), then the best three and
-    the default at the other lengths; stops starting new runs after `max_seconds` of the whole check."""
+def sweep(sizes, backend, max_seconds, extra=()):
+    """[(blocks, {T: (fwd s, fwd+bwd s)})]: every candidate at sizes["sweep_T"] (fwd+bwd), the `extra` ones right
+    after the default, then the best three and the default at the other lengths; stops starting new runs after
+    `max_seconds` of the whole check."""
     H, d, T0 = sizes["H"], sizes["d"], sizes["sweep_T"]
-    candidates = kernels.candidate_block_sizes(backend, d)
+    grid = kernels.candidate_block_sizes(backend, d)
+    candidates = grid[:1] + list(extra) + grid[1:]
     if sizes is QUICK:  # the default alone, in chunks the tiny length fills
         candidates = [dataclasses.replace(candidates[0], chunk=16)]
     args = inputs(T0, 1, T0, H, d, jnp.bfloat16)
@@ -199,7 +232,7 @@ def table(rows) -> str:
 
 def label(blocks) -> str:
     """The fields the GPU sweep varies, short (the JSON has every field)."""
-    return f"chunk={blocks.chunk} rows={blocks.state_rows} warps={blocks.num_warps}"
+    return f"{blocks.forward} chunk={blocks.chunk} rows={blocks.state_rows} warps={blocks.num_warps}"
 
 
 def ms(seconds) -> str | None:
@@ -225,7 +258,13 @@ def main(argv=None):
     ok = max(errors.values()) < 1e-4
     log(f"correctness T={sizes['check_T']}: " + " ".join(f"{n} {e:.1e}" for n, e in errors.items()) + (" ok" * ok))
 
-    results = sweep(sizes, backend, 60 * args.max_minutes)
+    mosaic = {}
+    for blocks in mosaic_candidates(backend, sizes):
+        mosaic[blocks.chunk] = check_mosaic(sizes["check_T"], H, d, blocks)
+        log(f"mosaic forward chunk={blocks.chunk} against triton: {mosaic[blocks.chunk]}")
+    close = lambda errors: "failed" not in errors and max(errors.values()) < 2e-2
+    passed = [b for b in mosaic_candidates(backend, sizes) if close(mosaic[b.chunk])]
+    results = sweep(sizes, backend, 60 * args.max_minutes, extra=passed)
     longest = max((*sizes["lengths"], sizes["sweep_T"]))
     best = min((r for r in results if longest in r[1]), key=lambda r: r[1][longest][1])[0]
     rows = [
@@ -254,6 +293,7 @@ def main(argv=None):
         "quick": args.quick,
         "sizes": sizes,
         "correctness": {"errors": errors, "ok": ok},
+        "mosaic_forward_against_triton": mosaic,
         "sweep": [
             {"blocks": dataclasses.asdict(b), "seconds": {str(T): t for T, t in times.items()}} for b, times in results
         ],

@@ -24,6 +24,10 @@ Design. The forward runs in two passes:
    bytes per head, b = 2 for bf16 inputs: 512 KiB per chunk at d = 64, the symmetric form's float32 size);
 2. output (output_kernel.py): intra-chunk attention fused with the read of the carried state and the
    normalisation, fully parallel over (B, Hq, chunks).
+On GPU the two forward passes have a second implementation on Mosaic GPU (mosaic_forward.py, Hopper's wgmma
+and TMA; `BlockSizes.forward="mosaic"`, bf16 or fp16 inputs, d and the chunk multiples of 64), its block arithmetic
+in mosaic_blocks.py and a jnp emulation of it for the CPU in mosaic_emulation.py; the default stays Triton until
+the Mosaic one is measured faster on a device.
 The backward (vjp.py) keeps those boundary states (no recomputation), runs the same state pass in reverse on
 (q, dy / den) for the state gradients, then the gradient kernel (gradient_kernel.py), parallel over chunks. Z is
 scanned by XLA. Decode (decode.py) reads and updates S in its exact symmetric layout in one pass. The per-chunk

@@ -12,6 +12,7 @@ from pallas_kernels.power_retention.config import (
     resolve_backend,
     resolve_interpret,
 )
+from pallas_kernels.power_retention.mosaic_forward import check_mosaic
 from pallas_kernels.power_retention.vjp import Settings, chunked_core
 from pallas_kernels.vma import same_varying
 
@@ -37,6 +38,8 @@ def chunked_retention(
     F and R are the gates per chunk of `chunk_size` tokens (the package docstring): float32 [B, T, H], the last
     partial chunk's padding continues them (a = 0, no reset). `backend` ('gpu' or 'tpu') picks the kernel variant;
     None means the default device's (the GPU variant on CPU, interpreted). `interpret` None means True on CPU.
+    `block_sizes.forward` picks the GPU forward's kernels (Triton, or Mosaic GPU, which runs its jnp emulation
+    where `interpret`).
     Shapes and values are assumed valid (the caller's op checks them); what the kernels do not support raises
     (`check_supported`). Inside `jax.shard_map` the inputs are made to vary over the same mesh axes first."""
     backend = resolve_backend(backend)
@@ -50,6 +53,10 @@ def chunked_retention(
             f"BlockSizes.read_rows={blocks.read_rows}: on GPU the output and gradient kernels loop over "
             f"all d={d} rows in one program (grid programs cannot accumulate into one block); use None"
         )
+    if blocks.forward == "mosaic":
+        if backend != "gpu":
+            raise ValueError(f"BlockSizes.forward='mosaic' is a GPU kernel; backend={backend!r}")
+        check_mosaic(d, v.shape[-1], c, blocks.rows(d)[0], q.dtype)
     q, k, v, F, R, S_exp, Z = same_varying(q, k, v, F, R, S_exp, Z)
     N = -(-T // c)
     pad = [(0, 0), (0, N * c - T), (0, 0), (0, 0)]

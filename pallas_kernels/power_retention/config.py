@@ -6,8 +6,11 @@ the backend choice and the matmul operand dtype and precision.
 program (GPU) or grid step (TPU) carries; on GPU they live in registers for the whole chunk loop (rows * d * e * 4
 bytes <= 64 KiB by default), on TPU in a VMEM scratch. `read_rows`: rows per grid step of the output and gradient
 kernels, whose last grid axis is a reduction over row blocks on TPU; on GPU it must be all d rows (None), looped in
-one program. `decode_cols`: columns of S per decode program (None: all e). `chunk`: the chunk size when the caller
-gives none (a shorter sequence takes the smallest power of two >= 16 that holds it: `chunk_for`).
+one program. `decode_cols`: columns of S per decode program (None: all e). `forward`: the GPU
+forward's kernels, "triton" (state_pass.py and output_kernel.py through Pallas Triton) or "mosaic"
+(mosaic_forward.py: Mosaic GPU, Hopper's wgmma, bf16 or fp16 inputs; the backward stays the Triton one);
+"triton" until the Mosaic one is measured faster on a device (a tuned entry may then set it). `chunk`: the chunk
+size when the caller gives none (a shorter sequence takes the smallest power of two >= 16 that holds it: `chunk_for`).
 
 Tuned values: `tuned_block_sizes.json` beside this file maps a device kind (`jax.devices()[0].device_kind`, e.g.
 "NVIDIA H200") and a head dim to BlockSizes fields; `default_block_sizes` takes them on that device, the committed
@@ -27,6 +30,7 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.power_retention.chunk_math import F32, Matmul
 
 BACKENDS = ("gpu", "tpu")
+FORWARD_KERNELS = ("triton", "mosaic")
 SUPPORTED_DEGREES = (2,)
 TUNED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_block_sizes.json")
 
@@ -34,8 +38,8 @@ TUNED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_blo
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
     """Rows of the expanded [d, d, e] state per program or grid step (None: all d rows), columns of S per decode
-    program (None: all), and Triton's warps and pipeline stages for the chunked kernels and for decode (ignored on
-    TPU)."""
+    program (None: all), Triton's warps and pipeline stages for the chunked kernels and for decode (ignored on
+    TPU), and the GPU forward's kernels (`forward`, module docstring)."""
 
     state_rows: int | None
     read_rows: int | None
@@ -45,6 +49,11 @@ class BlockSizes:
     decode_num_warps: int = 4
     decode_num_stages: int = 1
     chunk: int = 128
+    forward: str = "triton"
+
+    def __post_init__(self):
+        if self.forward not in FORWARD_KERNELS:
+            raise ValueError(f"BlockSizes.forward must be one of {FORWARD_KERNELS}, got {self.forward!r}")
 
     def rows(self, d: int) -> tuple[int, int]:
         """(state_rows, read_rows) resolved for head dim d; each must divide d."""

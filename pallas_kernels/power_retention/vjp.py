@@ -6,7 +6,9 @@ backward: the inputs, S_before (in the matmul operand dtype), Z_before, y and de
 Backward: dnum = dy / den and dden = -(dy . y) / den (XLA, elementwise: -(dy . y) / den is the exact derivative of
 num / den in den, and finite wherever y is); the same state pass on (q, dnum) in reverse -> dS_after per chunk and
 the initial state's gradient; dZ by a reverse XLA scan; then the gradient kernel (gradient_kernel.py), parallel over
-chunks. Gates enter as F and R (see the package docstring); F gets a gradient per token, R none.
+chunks. Gates enter as F and R (see the package docstring); F gets a gradient per token, R none. With
+`BlockSizes.forward == "mosaic"` both forward kernels are the Mosaic GPU ones (mosaic_forward.py), which save the
+same residuals; the backward is unchanged.
 """
 
 from functools import partial
@@ -16,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
+from pallas_kernels.power_retention import mosaic_forward
 from pallas_kernels.power_retention.chunk_math import DEG, F32, Matmul
 from pallas_kernels.power_retention.config import BlockSizes
 from pallas_kernels.power_retention.gradient_kernel import chunk_grads
@@ -115,19 +118,23 @@ def _forward(s, q, k, v, F, R, S0, Z0):
     """The forward pass: ((y, S_final, Z_final), residuals for `_backward`)."""
     B, H, g, Tp, d = q.shape
     cg = _gates(F, R, s.chunk, s.scale)
-    S_before, S_final = state_pass(
-        k[:, :, None],
-        v[:, :, None],
-        cg.fk,
-        cg.write,
-        cg.gamma,
-        cg.carry,
-        S0,
-        chunk=s.chunk,
-        reverse=False,
-        **_kernel_args(s),
-    )
     k_t = jnp.where(cg.write > 0, k.astype(F32) * cg.fk, 0.0)
+    mosaic = dict(chunk=s.chunk, rows=s.blocks.rows(d)[0], emulate=s.interpret) if s.blocks.forward == "mosaic" else {}
+    if mosaic:
+        S_before, S_final = mosaic_forward.boundary_states(k_t, v, cg.gamma, cg.carry, S0, **mosaic)
+    else:
+        S_before, S_final = state_pass(
+            k[:, :, None],
+            v[:, :, None],
+            cg.fk,
+            cg.write,
+            cg.gamma,
+            cg.carry,
+            S0,
+            chunk=s.chunk,
+            reverse=False,
+            **_kernel_args(s),
+        )
     Z_before, Z_final = _scan_Z(
         Z0,
         _outer(k_t[:, :, None], jnp.ones((B, H, 1, Tp), F32), s.chunk),
@@ -135,19 +142,24 @@ def _forward(s, q, k, v, F, R, S0, Z0):
         cg.carry[..., 0, 0],
         reverse=False,
     )
-    y, den = output_chunks(
-        q.reshape(B, H * g, Tp, d),
-        k,
-        v,
-        cg.Fc,
-        cg.Fr,
-        cg.Rc,
-        cg.Rr,
-        S_before,
-        Z_before,
-        scale=s.scale,
-        **_kernel_args(s),
-    )
+    if mosaic:
+        y, den = mosaic_forward.chunk_outputs(
+            q, k, v, F, R, cg.fq, cg.read, S_before, Z_before, scale=s.scale, **mosaic
+        )
+    else:
+        y, den = output_chunks(
+            q.reshape(B, H * g, Tp, d),
+            k,
+            v,
+            cg.Fc,
+            cg.Fr,
+            cg.Rc,
+            cg.Rr,
+            S_before,
+            Z_before,
+            scale=s.scale,
+            **_kernel_args(s),
+        )
     return (y, S_final, Z_final), (q, k, v, F, R, S_before, Z_before, y, den)
 
 

@@ -58,3 +58,12 @@ def test_candidate_grid_is_valid(backend, d):
         assert d % state_rows == 0 and d % read_rows == 0
         kernels.check_supported(2, d, 1, backend, blocks.chunk)
     assert len({dataclasses.replace(b, num_warps=8) for b in grid}) > 1
+
+
+def test_mosaic_forward_joins_the_gpu_sweep_only():
+    from experiments import gpu_check
+
+    blocks = gpu_check.mosaic_candidates("gpu", gpu_check.FULL)
+    assert [(b.forward, b.chunk) for b in blocks] == [("mosaic", 64), ("mosaic", 128)]
+    assert gpu_check.mosaic_candidates("tpu", gpu_check.FULL) == []
+    assert gpu_check.mosaic_candidates("gpu", gpu_check.QUICK) == []  # d = 16: no Mosaic forward
