@@ -1,7 +1,9 @@
 """The Hydra entry point: `python train.py model=hybrid data=mqar data.seq_len=256`, or a sweep with
 `python train.py -m model=softmax,power,hybrid`. Each run trains in its Hydra run folder (run.json, Orbax
 checkpoints in checkpoints/, TensorBoard events in tb/, summary.json) and resumes from its newest checkpoint when
-rerun with the same folder (hydra.run.dir=...). Configs: configs/, typed by retention/train/config.py.
+rerun with the same folder (hydra.run.dir=...). Its .hydra/ (config.yaml, hydra.yaml, overrides.yaml) is
+written only once the run holds the folder and is the folder's run. Configs: configs/, typed by
+retention/train/config.py.
 """
 
 import logging
@@ -23,7 +25,13 @@ def main(cfg: DictConfig) -> float | None:
     (a sweep's varied keys) become HParams keys of the run."""
     hydra_cfg = HydraConfig.get()
     overrides = override_hparams(list(hydra_cfg.overrides.task), dict(hydra_cfg.runtime.choices), cfg)
-    summary = train(OmegaConf.to_object(cfg), hydra_cfg.runtime.output_dir, hparams=overrides)
+    hydra_files = {  # what Hydra writes in .hydra/ (configs/config.yaml turns that off): written once the run starts
+        ".hydra/config.yaml": OmegaConf.to_yaml(cfg),
+        ".hydra/hydra.yaml": OmegaConf.to_yaml(HydraConfig.instance().cfg),
+        ".hydra/overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task),
+    }
+    run_dir = hydra_cfg.runtime.output_dir
+    summary = train(OmegaConf.to_object(cfg), run_dir, hparams=overrides, files=hydra_files)
     return summary["final_loss"]
 
 

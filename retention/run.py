@@ -5,7 +5,8 @@
 
 A run folder's checkpoints carry the run's record (config, LMConfig, parameter shapes) and a checksum per array
 (retention/train/checkpoint.py); an export (`python -m retention.export RUN_DIR OUT`) is model.safetensors and
-config.json with the same record.
+config.json with the same record, each checked against the other and every tensor against its checksum on load
+(retention/export.py).
 """
 
 import json
@@ -21,8 +22,9 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from retention.nn import LM, LMConfig
 from retention.parallel import state_shardings
 from retention.train.checkpoint import Checkpoints
+from retention.train.checksum import mismatched
 from retention.train.config import Config
-from retention.train.record import config_from_dict
+from retention.train.record import RECORD_FILE, config_from_dict, record_digest
 
 log = logging.getLogger(__name__)
 EXPORT_WEIGHTS, EXPORT_CONFIG = "model.safetensors", "config.json"
@@ -52,15 +54,49 @@ def _abstract(lm: LMConfig, mesh: Mesh | None):
     return graphdef, placed
 
 
-def _from_export(folder: str, step: int | None, mesh: Mesh | None) -> LoadedRun:
-    from safetensors.numpy import load_file
+def is_run_folder(folder: str) -> bool:
+    """Whether `folder` is a train.py run folder (its run.json or checkpoints/ there), whatever else it holds."""
+    return os.path.exists(os.path.join(folder, RECORD_FILE)) or os.path.isdir(os.path.join(folder, "checkpoints"))
 
-    with open(os.path.join(folder, EXPORT_CONFIG)) as f:
-        exported = json.load(f)
+
+def _read_export(folder: str) -> tuple[dict, dict]:
+    """(config.json, the weights by name) of an export folder, each checked against the other: config.json's
+    record against its sha256, the weights file's record sha256 and step against config.json's, and each
+    tensor against its checksum; ValueError naming the file and what differs."""
+    from safetensors import SafetensorError, safe_open
+
+    config_path, weights_path = os.path.join(folder, EXPORT_CONFIG), os.path.join(folder, EXPORT_WEIGHTS)
+    try:
+        with open(config_path) as f:
+            exported = json.load(f)
+        record, digest, step = exported["record"], exported["record_sha256"], exported["step"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{config_path} is damaged or not an export's ({type(e).__name__}: {e})") from None
+    if record_digest(record) != digest:
+        raise ValueError(f"{config_path} is damaged: its run record does not match its sha256")
+    try:
+        with safe_open(weights_path, framework="numpy") as f:
+            meta = f.metadata() or {}
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+        saved = json.loads(meta["checksums"])
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{weights_path} is damaged or not an export's ({type(e).__name__}: {e})") from None
+    if meta.get("record_sha256") != digest or meta.get("step") != str(step):
+        raise ValueError(
+            f"{weights_path} and {config_path} are of different exports (record sha256 "
+            f"{meta.get('record_sha256')} at step {meta.get('step')} against {digest} at step {step}): export the "
+            "run again"
+        )
+    if bad := mismatched(saved, weights)[0]:
+        raise ValueError(f"{weights_path} is damaged: {len(bad)} tensors differ from their checksums ({bad[0]} first)")
+    return exported, weights
+
+
+def _from_export(folder: str, step: int | None, mesh: Mesh | None) -> LoadedRun:
+    exported, weights = _read_export(folder)
     if step is not None and step != exported["step"]:
         raise ValueError(f"step must be None or {exported['step']} (the step {folder} was exported from), got {step}")
     graphdef, abstract = _abstract(LMConfig(**exported["record"]["lm"]), mesh)
-    weights = load_file(os.path.join(folder, EXPORT_WEIGHTS))
     names = {weight_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(abstract)}
     if names != weights.keys():
         raise ValueError(
@@ -103,8 +139,9 @@ def _from_checkpoints(run_dir: str, step: int | None, mesh: Mesh | None) -> Load
 
 def read_run(run_dir: str, step: int | None = None, *, mesh: Mesh | None = None) -> LoadedRun:
     """The model (parameters only) of a run folder's checkpoint `step` (None: the newest intact one) or of an
-    export folder, with the run's record and step; see `load_run`."""
-    if os.path.exists(os.path.join(run_dir, EXPORT_CONFIG)):
+    export folder, with the run's record and step; see `load_run`. A run folder (run.json or checkpoints/ there)
+    is read from its checkpoints whatever else it holds; an export folder is one with config.json and neither."""
+    if not is_run_folder(run_dir) and os.path.exists(os.path.join(run_dir, EXPORT_CONFIG)):
         return _from_export(run_dir, step, mesh)
     return _from_checkpoints(run_dir, step, mesh)
 

@@ -3,9 +3,9 @@
 Folder: every regular file under the root (hidden entries, `__pycache__`, `site-packages` and `dist-packages`
 skipped) whose name ends with one of `extensions` (None: any extension, `.py`, `.txt`, `.md`, none at all) and
 whose content is text: valid UTF-8 with no NUL byte, so `.pyc`, `.so`, `.a`, `.whl`, `.exe`, `.png`, `.gz` and
-other binaries drop out by their bytes, not their names. The default corpus is the `.py` sources of the running
-Python's standard library (`sysconfig.get_paths()["stdlib"]`, third-party packages left out). A file is read in
-chunks of CHUNK_BYTES, never whole.
+other binaries drop out by their bytes, not their names (a warning counts them, naming the first few and why).
+The default corpus is the `.py` sources of the running Python's standard library (`sysconfig.get_paths()["stdlib"]`,
+third-party packages left out). A file is read in chunks of CHUNK_BYTES, never whole.
 
 Hugging Face: `datasets.load_dataset(name, data_files=..., split=..., streaming=...)` and one document per row
 (its `text_field`); for the `text` builder a whole file is one document (`sample_by="document"`).
@@ -16,13 +16,18 @@ the root (folder) or the row index (Hugging Face); renaming or adding other docu
 
 import codecs
 import hashlib
+import logging
 import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from retention.data.cache import cache_key
+
 CHUNK_BYTES = 1 << 22  # 4 MiB: the most of a file held in memory at once
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
+SKIPS_NAMED = 5  # the skipped files a warning names (it counts them all)
+log = logging.getLogger(__name__)
 
 
 def default_path() -> str:
@@ -48,14 +53,27 @@ def text_chunks(path: str) -> Iterator[str]:
         yield decoder.decode(b"", final=True)
 
 
-def is_text_file(path: str) -> bool:
-    """Whether the file at `path` is valid UTF-8 without a NUL byte (read in chunks)."""
+def not_text(path: str) -> str | None:
+    """Why the file at `path` is not a text document (a NUL byte, bytes that are not UTF-8 such as latin-1), or
+    None when it is valid UTF-8 without a NUL byte (read in chunks)."""
     try:
         for _ in text_chunks(path):
             pass
-    except ValueError:
-        return False
-    return True
+    except ValueError as e:
+        return str(e).replace(f"{path} ", "")
+    return None
+
+
+def files_digest(root: str, names: list[str]) -> str:
+    """blake2b of the names and bytes of the files `names` under `root`, read in chunks: what a text run's
+    record keeps of its corpus, so a resume on rewritten files is refused whatever their modification times."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in names:
+        digest.update(f"{name}\0{os.path.getsize(os.path.join(root, name))}\0".encode())
+        with open(os.path.join(root, name), "rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 class FolderSource:
@@ -88,12 +106,30 @@ class FolderSource:
             listing.append([name, st.st_size, st.st_mtime_ns])
         return {"source": "folder", "root": os.path.abspath(self.root), "files": listing}
 
+    def content_digest(self) -> str:
+        """The digest of every candidate file's name and bytes (files_digest)."""
+        return files_digest(self.root, self.names)
+
     def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
-        """Each text document of `split` as an iterator of its text pieces, in sorted name order."""
+        """Each text document of `split` as an iterator of its text pieces, in sorted name order; once all are
+        read, a warning counts the files skipped as not text and names the first SKIPS_NAMED with the reason."""
+        skipped, candidates = [], 0
         for name in self.names:
             path = os.path.join(self.root, name)
-            if in_eval(name, eval_fraction) == (split == "eval") and is_text_file(path):
+            if in_eval(name, eval_fraction) != (split == "eval"):
+                continue
+            candidates += 1
+            if (problem := not_text(path)) is None:
                 yield text_chunks(path)
+            else:
+                skipped.append(f"{name} ({problem})")
+        if skipped:
+            more = f" and {len(skipped) - SKIPS_NAMED} more" if len(skipped) > SKIPS_NAMED else ""
+            log.warning(
+                "skipped %d of the %d files of the %s split under %s: not UTF-8 text without NUL bytes (binary, "
+                "latin-1, ...): %s%s",
+                *(len(skipped), candidates, split, self.root, "; ".join(skipped[:SKIPS_NAMED]), more),
+            )
 
 
 class HFSource:
@@ -114,6 +150,13 @@ class HFSource:
             "text_field": self.text_field,
             "split": self.split,
         }
+
+    def content_digest(self) -> str:
+        """The digest of the local data files' names and bytes (files_digest), with the load_dataset arguments
+        (a hub dataset's content is not read here)."""
+        files = [self.data_files] if isinstance(self.data_files, str) else list(self.data_files or [])
+        local = [f for f in files if os.path.isfile(f)]
+        return cache_key([self.name, self.text_field, self.split, files, files_digest("", local)])
 
     def rows(self):
         """The dataset of the split (an IterableDataset when streaming)."""

@@ -98,10 +98,17 @@ class Text:
         key = cache_key(corpus, self.tokenizer.identity)
         dtype = ids_dtype(self.vocab_size)
         self.splits = {
-            split: cached_ids(os.path.join(self.cache_dir, f"{key}.{split}.{dtype.name}"), self._ids(split), dtype)
+            split: cached_ids(
+                os.path.join(self.cache_dir, f"{key}.{split}.{dtype.name}"), self._ids(split), dtype, self.vocab_size
+            )
             for split in ("train", "eval")
         }
         self.check_length("seq_len", seq_len)
+
+    def fingerprints(self) -> dict[str, str]:
+        """What a run's record keeps of its data beyond the config: the tokenizer's identity (a hash of its
+        tokenizer.json content) and a digest of the corpus files' bytes (reading the corpus once)."""
+        return {"tokenizer": self.tokenizer.identity, "corpus": self.source.content_digest()}
 
     def _bpe(self, corpus: list, vocab_size: int, tokenizer_path: str | None) -> BPETokenizer:
         """The run's BPE: read from tokenizer_path when it exists, else the cached one, else trained on the

@@ -68,10 +68,14 @@ class BPETokenizer:
 
     @classmethod
     def load(cls, path: str) -> "BPETokenizer":
-        """The tokenizer saved at `path` (tokenizer.json)."""
+        """The tokenizer saved at `path` (tokenizer.json); ValueError naming the file when it cannot be read."""
         from tokenizers import Tokenizer
 
-        return cls(Tokenizer.from_file(path))
+        try:
+            tokenizer = Tokenizer.from_file(path)
+        except Exception as e:  # tokenizers raises its own Exception with serde's message ("EOF while parsing")
+            raise ValueError(f"tokenizer.json at {path} cannot be read ({e}): it is damaged or cut short") from None
+        return cls(tokenizer)
 
     def save(self, path: str) -> None:
         """Write tokenizer.json at `path` atomically (a temporary file, then a rename)."""

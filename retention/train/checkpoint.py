@@ -13,6 +13,7 @@ Async saving copies every array to the host before `save` returns (Orbax's defau
 transfer), so the next train step may donate the state's buffers while the files are written.
 """
 
+import contextlib
 import logging
 import os
 import shutil
@@ -31,6 +32,10 @@ from retention.train.record import RunMismatch, record_digest
 
 log = logging.getLogger(__name__)
 ITEM = "state"
+
+
+class SaveFailed(OSError):
+    """A checkpoint could not be written (a read-only folder, a full disk): the run stops."""
 
 
 class Restored(NamedTuple):
@@ -73,6 +78,9 @@ class Checkpoints:
             create=not read_only,
             cleanup_tmp_directories=not read_only,
             enable_async_checkpointing=True,
+            # the step's folder is made in `save`, so a folder that cannot be written raises there; made in the
+            # background, its writers would wait for it until Orbax's 300 s timeout, holding the process open
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             save_decision_policy=policies.AnySavePolicy(
                 [policies.FixedIntervalPolicy(every), policies.PreemptionCheckpointingPolicy()]
             ),
@@ -107,7 +115,23 @@ class Checkpoints:
             "progress": progress,
         }
         args = ocp.args.Composite(**{ITEM: ocp.args.PyTreeSave(state)})
-        self.manager.save(step, args=args, custom_metadata=metadata, force=True)
+        try:  # raises too when the previous save's background writes failed
+            self.manager.save(step, args=args, custom_metadata=metadata, force=True)
+        except Exception as e:
+            raise self._failed(f"could not save checkpoint {step}", e) from e
+
+    def _failed(self, what: str, e: Exception) -> SaveFailed:
+        """The SaveFailed error saying `what` failed in this folder, why, and the newest checkpoint kept."""
+        kept = self.steps()
+        newest = f"the newest checkpoint kept is step {kept[-1]}" if kept else "no checkpoint is kept"
+        return SaveFailed(f"{what} in {self.directory}: {_first_line(e)}; the run stops ({newest})")
+
+    def wait(self) -> None:
+        """Wait for the pending save; SaveFailed when it failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._failed("could not finish writing a checkpoint", e) from e
 
     def metadata(self, step: int) -> dict:
         """The checkpoint's metadata, its record verified against its digest (ValueError when damaged)."""
@@ -176,6 +200,12 @@ class Checkpoints:
         log.warning("checkpoint %d in %s is damaged: %s; moved it to %s", step, self.directory, reason, target)
 
     def close(self) -> None:
-        """Finish pending writes and release the manager."""
-        self.manager.wait_until_finished()
+        """Finish pending writes and release the manager; SaveFailed when a pending save failed (the manager is
+        released all the same)."""
+        try:
+            self.wait()
+        except SaveFailed:
+            with contextlib.suppress(Exception):  # its error is the one raised
+                self.manager.close()
+            raise
         self.manager.close()

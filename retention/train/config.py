@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from retention.data import TASKS, Dataset
 from retention.nn import LMConfig, size_config
@@ -173,9 +173,36 @@ class Config:
     seed: int = 0
 
 
+def check_folder_name(name: str, value) -> str:
+    """`value`, which names a folder inside another (model.name in a run folder's path): a non-empty string
+    without a path separator, NUL, or a name of '.' or '..', so the run stays inside the folder it is meant for."""
+    if not isinstance(value, str) or not value or value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError(
+            f"{name} must be a folder name without '/', '\\', NUL, or '.'/'..' (it names the run's folder inside "
+            f"the outputs or sweep folder), got {value!r}"
+        )
+    return value
+
+
+def check_known_keys(cfg: Config) -> None:
+    """Every key of `cfg` is a field of its group's schema: OmegaConf.to_object keeps a key added with `+`
+    (`+model.d_modle=64`) as a stray attribute, which nothing would read."""
+    groups = {"": cfg, **{f"{f.name}.": getattr(cfg, f.name) for f in dataclasses.fields(cfg)}}
+    for prefix, node in groups.items():
+        if not dataclasses.is_dataclass(node):
+            continue
+        allowed = [f.name for f in dataclasses.fields(node)]
+        for key in vars(node).keys() - set(allowed):
+            where = f"the {prefix[:-1]} group" if prefix else "the config"
+            raise ValueError(f"unknown config key {prefix}{key}: the keys of {where} are {allowed}")
+
+
 def register_configs() -> None:
     """Store the schema as `base_config`, which configs/config.yaml extends, and each data schema as
-    `data/<task>_schema`, which configs/data/<task>.yaml extends."""
+    `data/<task>_schema`, which configs/data/<task>.yaml extends; register the `folder_name` resolver that the
+    run and sweep folder paths pass model.name through (check_folder_name)."""
+    if not OmegaConf.has_resolver("folder_name"):
+        OmegaConf.register_new_resolver("folder_name", lambda value: check_folder_name("model.name", value))
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
     for task, schema in DATA_SCHEMAS.items():
@@ -240,6 +267,8 @@ def build(cfg: Config, run_dir: str | None = None) -> tuple[LMConfig, Dataset]:
     kept in `run_dir`)."""
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < SEED_LIMIT:
         raise ValueError(f"seed must be an int in [0, 2**32), got {cfg.seed!r}")
+    check_known_keys(cfg)
+    check_folder_name("model.name", cfg.model.name)
     check_optim_trainer(cfg.optim, cfg.trainer)
     dataset = make_dataset(cfg.data, cfg.seed, run_dir)
     for scale in cfg.trainer.eval_scales:

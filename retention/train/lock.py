@@ -2,7 +2,8 @@
 
 The operating system releases the lock when its process ends, however it ends (kill -9 included), so a stale
 file never blocks a rerun; the file holds who took the lock (pid, host, time) for the message a second run gets.
-The file is never deleted (deleting a lock file others may have opened would let two runs hold "the" lock).
+A lock file that is a symbolic link is refused, never followed. The file is never deleted (deleting a lock file
+others may have opened would let two runs hold "the" lock).
 """
 
 import fcntl
@@ -26,7 +27,15 @@ class RunLock:
 
     def __enter__(self):
         os.makedirs(self.run_dir, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # a symbolic link is never followed: its target may be any file outside the run folder
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if not os.path.islink(self.path):
+                raise
+            raise ValueError(
+                f"the run lock {self.path} is a symbolic link (to {os.readlink(self.path)!r}): the trainer writes "
+                "only files inside the run folder. Remove the link and rerun."
+            ) from e
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

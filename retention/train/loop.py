@@ -12,7 +12,8 @@ The same loop runs on one device or many (retention/parallel): it joins a multi-
 builds the `mesh` config's (data, fsdp, sequence) mesh over all devices, makes the state FSDP-sharded and feeds
 batches split over it; checkpoints restore onto the current mesh whichever wrote them.
 
-Run folder: run.json (the run record), train.lock, checkpoints/<step>/, checkpoints_damaged/ (only when a
+Run folder: run.json (the run record, and `started_over`: each time every checkpoint was found damaged and the
+run started over from step 0), train.lock, checkpoints/<step>/, checkpoints_damaged/ (only when a
 checkpoint was found damaged), tb/ (TensorBoard events: one run), summary.json (when the run finished).
 """
 
@@ -41,7 +42,15 @@ from retention.train.lock import RunLock
 from retention.train.metrics import MetricsWriter, training_flops_per_token
 from retention.train.optimizer import make_optimizer
 from retention.train.progress import Progress
-from retention.train.record import RECORD_FILE, check_same_run, finite_json, read_record, run_record, write_json
+from retention.train.record import (
+    RECORD_FILE,
+    check_same_run,
+    finite_json,
+    read_record,
+    run_record,
+    write_json,
+    write_text,
+)
 from retention.train.signals import StopSignals
 from retention.train.step import TraceCount, device_batch, make_eval_step, make_init, make_train_step
 
@@ -57,16 +66,18 @@ def model_cache_bytes(model: LM, length: int) -> int:
     return cache_bytes(jax.eval_shape(lambda: model.init_caches(1, length)))
 
 
-def train(cfg: Config, run_dir: str, *, hparams: dict | None = None) -> dict:
+def train(cfg: Config, run_dir: str, *, hparams: dict | None = None, files: dict[str, str] | None = None) -> dict:
     """Train per `cfg` with everything written under `run_dir`; returns (and writes) the run's summary.
-    `hparams`: more HParams keys (train.py passes the command line's overrides, a sweep's varied keys)."""
+    `hparams`: more HParams keys (train.py passes the command line's overrides, a sweep's varied keys).
+    `files`: {path inside run_dir: text} written once the run holds the folder's lock and is the folder's run
+    (train.py's .hydra/ files), so a refused launch changes none of them."""
     initialize_distributed(cfg.mesh.coordinator_address, cfg.mesh.num_processes, cfg.mesh.process_id)
     lm, dataset = build(cfg, run_dir)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence)
     check_batch(cfg.data.batch_size, cfg.data.seq_len, mesh)
     lock = "train.lock" if jax.process_count() == 1 else f"train.{jax.process_index()}.lock"
     with RunLock(run_dir, lock):
-        return _train(cfg, run_dir, lm, dataset, mesh, hparams or {})
+        return _train(cfg, run_dir, lm, dataset, mesh, hparams or {}, files or {})
 
 
 @dataclasses.dataclass
@@ -92,8 +103,9 @@ class Session:
 
 
 def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardings, record: dict, init_state):
-    """(start step, state, saved progress): the newest good checkpoint of this run, else a fresh state made in its
-    shardings. ValueError when trainer.steps is below the newest checkpoint; RunMismatch for another run's."""
+    """(start step, state, saved progress, the steps of the damaged checkpoints it starts over without): the
+    newest good checkpoint of this run, else a fresh state made in its shardings. ValueError when trainer.steps is
+    below the newest checkpoint; RunMismatch for another run's."""
     steps, listed = cfg.trainer.steps, ckpt.steps()
     if listed and listed[-1] > steps:
         raise ValueError(
@@ -104,16 +116,22 @@ def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardi
     check = lambda saved, where: check_same_run(saved, record, where)
     restored = ckpt.restore_latest(abstract_state, shardings, check_record=check)  # onto this mesh
     if restored is None:
-        return 0, jax.jit(init_state, out_shardings=shardings)(), {}
+        if listed:
+            log.warning(
+                "every checkpoint in %s (steps %s) is damaged and was moved to %s_damaged: the run starts over "
+                "from step 0 (run.json records this under started_over)",
+                *(ckpt.directory, listed, ckpt.directory),
+            )
+        return 0, jax.jit(init_state, out_shardings=shardings)(), {}, listed
     log.info("resumed from the checkpoint at step %d in %s", restored.step, ckpt.directory)
     if (before := restored.record["config"]["trainer"]["steps"]) != steps:
         log.warning(
             "trainer.steps changed from %d to %d: the learning rate now decays over %d steps", before, steps, steps
         )
-    return restored.step, restored.state, restored.progress
+    return restored.step, restored.state, restored.progress, []
 
 
-def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
+def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: dict[str, str]) -> dict:
     T, B, steps = cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.steps
     abstract_model = nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed)))  # shapes only
     n_params = abstract_model.param_count()
@@ -127,17 +145,26 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
     abstract_state = jax.eval_shape(init_state)
     shardings = fsdp_shardings(abstract_state, mesh)  # FSDP: each leaf over "fsdp" on its largest axis
     primary = jax.process_index() == 0  # one process writes the record, the events and the summary
-    record = run_record(cfg, lm, abstract_state["params"])
-    if (saved := read_record(run_dir)) is not None:
+    fingerprints = dataset.fingerprints() if hasattr(dataset, "fingerprints") else None  # text: tokenizer, corpus
+    record = run_record(cfg, lm, abstract_state["params"], fingerprints)
+    saved = read_record(run_dir)
+    if saved is not None:
         check_same_run(saved, record, run_dir)
 
     with contextlib.ExitStack() as stack:
         every, keep = cfg.trainer.ckpt_every, cfg.trainer.keep
         ckpt = Checkpoints(os.path.join(run_dir, "checkpoints"), every=every, keep=keep, record=record)
         stack.callback(ckpt.close)  # waits for the pending saves
-        start, state, saved_progress = _resume(ckpt, cfg, run_dir, abstract_state, shardings, record, init_state)
+        start, state, saved_progress, damaged = _resume(
+            ckpt, cfg, run_dir, abstract_state, shardings, record, init_state
+        )
+        started_over = (saved or {}).get("started_over", [])  # kept across restarts: the run's history
+        if damaged:
+            started_over = [*started_over, {"damaged_steps": damaged, "at": time.strftime("%Y-%m-%d %H:%M:%S")}]
         if primary:
-            write_json(os.path.join(run_dir, RECORD_FILE), record)
+            write_json(os.path.join(run_dir, RECORD_FILE), {**record, "started_over": started_over})
+            for name, text in files.items():
+                write_text(os.path.join(run_dir, name), text)
         writer = MetricsWriter(os.path.join(run_dir, "tb"), purge_step=start, enabled=primary)
         stack.callback(writer.close)
         writer.start_session(run_hparams(cfg, lm, n_params, hparams), metric_tags(cfg))
@@ -172,7 +199,7 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
                 "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
             )
         evals = session.evaluate(steps, state["params"])
-        ckpt.manager.wait_until_finished()  # the summary says the run is done: its last checkpoint is on disk
+        ckpt.wait()  # the summary says the run is done: its last checkpoint is on disk
         summary = {
             "model": cfg.model.name,
             "pattern": lm.pattern,
@@ -186,6 +213,7 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict) -> dict:
             "steps": steps,
             "tokens_seen": steps * B * T,
             "resumed_from": start,
+            "started_over": started_over,  # each start from step 0 because every checkpoint was damaged
             "final_loss": evals[cfg.trainer.eval_scales[0]]["loss"],
             "eval": {str(s * T): values for s, values in evals.items()},
             "eval_lengths": {f"x{s}": s * T for s in cfg.trainer.eval_scales},

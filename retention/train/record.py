@@ -3,9 +3,11 @@ and in every checkpoint, the check that a resumed run is the same run, and JSON 
 
 A run may be resumed with other values of what only schedules or places the work (`trainer.*`, `mesh.*`,
 `data.prefetch`, the op paths `model.retention_impl` and `model.attention_impl`); any other difference (model,
-data, optimizer, seed) or other parameter shapes is a different run, refused with the keys listed.
+data, optimizer, seed) or other parameter shapes is a different run, refused with the keys listed; so is a text
+run whose tokenizer or corpus content differs from the fingerprints its record holds.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,6 +21,9 @@ from retention.train.config import DATA_SCHEMAS, Config, MeshConfig, ModelConfig
 
 RECORD_FILE = "run.json"
 MAY_CHANGE = ("trainer.", "mesh.", "data.prefetch", "model.retention_impl", "model.attention_impl")
+
+
+FINGERPRINTS = {"tokenizer": "the run folder's tokenizer.json", "corpus": "the content of the training files"}
 
 
 class RunMismatch(ValueError):
@@ -53,10 +58,14 @@ def param_shapes(params) -> dict[str, list]:
     }
 
 
-def run_record(cfg: Config, lm: LMConfig, abstract_params) -> dict:
+def run_record(cfg: Config, lm: LMConfig, abstract_params, data_fingerprints: dict | None = None) -> dict:
     """The record written with the run and each checkpoint: the resolved config, the LMConfig it builds (d_model
-    as size_config chose it) and the model's parameter shapes."""
-    return {"config": config_dict(cfg), "lm": dataclasses.asdict(lm), "param_shapes": param_shapes(abstract_params)}
+    as size_config chose it), the model's parameter shapes and, for text, the data's fingerprints (the
+    tokenizer's and the corpus's content hashes: Text.fingerprints)."""
+    record = {"config": config_dict(cfg), "lm": dataclasses.asdict(lm), "param_shapes": param_shapes(abstract_params)}
+    if data_fingerprints:
+        record["data_fingerprints"] = data_fingerprints
+    return record
 
 
 def record_digest(record: dict) -> str:
@@ -87,6 +96,10 @@ def differences(saved: dict, current: dict) -> list[str]:
             was, now = a.get(key, defaults.get(key)), b.get(key, defaults.get(key))
             if was != now:
                 lines.append(f"{key}: {was!r} -> {now!r}")
+    was, now = saved.get("data_fingerprints", {}), current.get("data_fingerprints", {})
+    for key in sorted(was.keys() & now.keys()):  # a record written before fingerprints has none to compare
+        if was[key] != now[key]:
+            lines.append(f"the {key} ({FINGERPRINTS[key]}): fingerprint {was[key]} -> {now[key]}")
     if not lines:  # the same config building other shapes: the model code changed
         shapes_a, shapes_b = saved.get("param_shapes", {}), current["param_shapes"]
         for key in sorted(shapes_a.keys() | shapes_b.keys()):
@@ -120,9 +133,18 @@ def finite_json(value):
 
 def write_json(path: str, value) -> None:
     """Write `value` as JSON (NaN and inf as null) to `path` atomically: a reader sees the old file or the new."""
+    write_text(path, json.dumps(finite_json(value), indent=2, allow_nan=False))
+
+
+def write_text(path: str, text: str) -> None:
+    """Write `text` to `path` (its folder made if needed) atomically: a new file renamed over the old, so a reader
+    sees one or the other and a symbolic link at `path` is replaced, never followed."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(finite_json(value), f, indent=2, allow_nan=False)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by a killed process of the same pid; "x" then never follows a link there
+    with open(tmp, "x") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 

@@ -65,12 +65,13 @@ def test_only_text_files_are_documents(tmp_path, monkeypatch):
 
 def test_split_is_stable_under_renames_and_additions(tmp_path):
     files = {f"d/{i}.py": f"document {i}\n" * 3 for i in range(80)}
-    write(tmp_path, files)
-    kwargs = dict(seq_len=4, batch_size=2, path=str(tmp_path), eval_fraction=0.25, cache_dir=str(tmp_path / "c"))
+    root = tmp_path / "corpus"  # the cache beside it, not in it (its sum files are text)
+    write(root, files)
+    kwargs = dict(seq_len=4, batch_size=2, path=str(root), eval_fraction=0.25, cache_dir=str(tmp_path / "c"))
     before = Text(**kwargs)
-    (tmp_path / "d/0.py").rename(tmp_path / "d/renamed.py")
-    (tmp_path / "d/1.py").rename(tmp_path / "moved.py")
-    write(tmp_path, {f"new/{i}.py": f"new document {i}\n" for i in range(30)})
+    (root / "d/0.py").rename(root / "d/renamed.py")
+    (root / "d/1.py").rename(root / "moved.py")
+    write(root, {f"new/{i}.py": f"new document {i}\n" for i in range(30)})
     after = Text(**kwargs)
     moved = {files["d/0.py"], files["d/1.py"]}
     for split in ("train", "eval"):
@@ -91,8 +92,9 @@ def test_cache_is_reused_and_keyed_by_the_listing(tmp_path):
     write(tmp_path / "docs", {f"{i}.txt": f"text {i} " * 20 for i in range(30)})
     kwargs = dict(seq_len=8, batch_size=2, path=str(tmp_path / "docs"), eval_fraction=0.3)
     first = Text(**kwargs, cache_dir=str(tmp_path / "c"))
-    files = sorted(os.listdir(tmp_path / "c"))
+    files = sorted(f for f in os.listdir(tmp_path / "c") if not f.endswith(".sum.json"))
     assert len(files) == 2 and all(f.endswith(".uint16") for f in files)
+    assert sorted(os.listdir(tmp_path / "c")) == sorted([*files, *(text_cache.sum_path(f) for f in files)])
     assert isinstance(first.splits["train"], np.memmap)
     stamps = [os.stat(tmp_path / "c" / f).st_mtime_ns for f in files]
     again = Text(**kwargs, cache_dir=str(tmp_path / "c"))
@@ -100,7 +102,7 @@ def test_cache_is_reused_and_keyed_by_the_listing(tmp_path):
     np.testing.assert_array_equal(again.splits["train"], first.splits["train"])
     (tmp_path / "docs" / "0.txt").write_text("changed")
     Text(**kwargs, cache_dir=str(tmp_path / "c"))
-    assert len(os.listdir(tmp_path / "c")) == 4  # a changed file is a new key
+    assert len(os.listdir(tmp_path / "c")) == 8  # a changed file is a new key (2 files and their sums)
 
 
 def test_killed_write_leaves_no_cache(tmp_path):
@@ -110,9 +112,9 @@ def test_killed_write_leaves_no_cache(tmp_path):
 
     path = str(tmp_path / "c" / "key.train.uint16")
     with pytest.raises(KeyboardInterrupt):
-        text_cache.cached_ids(path, pieces(), np.dtype(np.uint16))
+        text_cache.cached_ids(path, pieces(), np.dtype(np.uint16), 257)
     assert os.listdir(tmp_path / "c") == []
-    ids = text_cache.cached_ids(path, iter([np.arange(3), np.arange(2)]), np.dtype(np.uint16))
+    ids = text_cache.cached_ids(path, iter([np.arange(3), np.arange(2)]), np.dtype(np.uint16), 257)
     np.testing.assert_array_equal(ids, [0, 1, 2, 0, 1])
 
 

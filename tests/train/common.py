@@ -47,12 +47,13 @@ def compose_config(overrides: list[str]) -> Config:
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
 
-def start_train_py(run_dir, overrides: list[str], env: dict | None = None) -> subprocess.Popen:
-    """`python train.py` with the overrides in `run_dir` (and more environment variables `env`), stdout and
-    stderr merged into one text pipe."""
+def start_train_py(run_dir, overrides: list[str], env: dict | None = None, shell: str = "") -> subprocess.Popen:
+    """`python train.py` with the overrides in `run_dir` (and more environment variables `env`; `shell`: bash
+    commands run before it in the same process, e.g. `ulimit`), stdout and stderr merged into one text pipe."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **(env or {})}
+    command = [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides]
     return subprocess.Popen(
-        [sys.executable, "train.py", f"hydra.run.dir={run_dir}", *overrides],
+        ["bash", "-c", f'{shell}\nexec "$@"', "bash", *command] if shell else command,
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

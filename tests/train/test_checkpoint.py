@@ -4,8 +4,10 @@ gone, its metadata cut short) is moved aside, the run goes on from the one befor
 the lost one bit for bit (that one was saved asynchronously before the next step donated its buffers); a
 flipped bit in a checkpoint's data is caught by its checksums or changes nothing."""
 
+import json
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -152,6 +154,24 @@ def test_damaged_newest_checkpoint_is_set_aside_and_rewritten(finished_run, tmp_
     caplog.clear()
     train(compose_config(finished_run.overrides), str(run))  # the next rerun starts from the new step 4
     assert "resumed from the checkpoint at step 4" in caplog.text and "is damaged" not in caplog.text
+
+
+def test_every_checkpoint_damaged_says_the_run_starts_over(finished_run, tmp_path, caplog):
+    run = finished_run.copy(tmp_path / "run")
+    for step in saved_steps(run):
+        _truncate_data(run / "checkpoints" / str(step))
+    caplog.set_level(logging.INFO)
+    summary = train(compose_config(finished_run.overrides), str(run))
+    assert re.search(
+        r"every checkpoint in .*checkpoints \(steps \[1, 2, 3, 4\]\) is damaged .*starts over from step 0", caplog.text
+    )
+    (entry,) = json.load(open(run / "run.json"))["started_over"]
+    assert entry["damaged_steps"] == [1, 2, 3, 4] and summary["started_over"] == [entry]
+    assert summary["resumed_from"] == 0 and sorted(os.listdir(run / "checkpoints_damaged"))[0].startswith("1_")
+    assert summary["final_loss"] == finished_run.summary["final_loss"]  # the same run, trained again from 0
+    caplog.clear()
+    train(compose_config(finished_run.overrides), str(run))  # a later resume keeps the history
+    assert json.load(open(run / "run.json"))["started_over"] == [entry] and "starts over" not in caplog.text
 
 
 def test_flipped_bits_are_caught_or_harmless(finished_run, tmp_path, caplog):
