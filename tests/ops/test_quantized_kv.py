@@ -1,6 +1,7 @@
 """The quantized KV cache (retention/ops/attention/quantized.py): quantization error within what the bits allow, the
-decode step against dense attention over the dequantized keys and values (exact) and against the float cache
-(within a bound derived from the group maxima), its bytes, and the attention mixer and LM decoding with it."""
+decode step on the softmax case table (tests/ops/attention_cases.py) against dense attention over the dequantized
+keys and values and against the float cache (within a bound derived from the group maxima), its bytes, and the
+attention mixer and LM decoding with it."""
 
 import dataclasses
 
@@ -19,9 +20,9 @@ from retention.ops.attention import (
     softmax_attention_step,
     softmax_attention_step_quantized,
 )
-from retention.ops.attention.quantized import dequantize, quantize
-from retention.ops.attention.reference import dense_attention
-from tests.helpers import f64, random_qkv, rel_err
+from retention.ops.attention.quantized import default_group, dequantize, quantize
+from tests.helpers import random_qkv, rel_err
+from tests.ops.attention_cases import CASES, cache_slots, case_ids, inputs, reference, stepped
 
 BF16_STEP = 2.0**-7  # bfloat16's relative spacing: a scale rounded up to bfloat16 grows by at most this
 
@@ -62,21 +63,20 @@ def test_4bit_values_are_packed_two_per_byte():
     assert q[0, :2].tolist() == [15 | (1 << 4), 9 | (8 << 4)]
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("window,n,max_len", [(None, 1, 70), (None, 3, 70), (11, 1, 11), (11, 4, 14)])
-def test_step_equals_dense_attention_over_the_dequantized_cache(bits, window, n, max_len):
-    """Decode n tokens at a time (a ring buffer when max_len < T, GQA): each row equals dense float64 attention
-    over the keys and values as the cache stores them."""
-    T, d = 66, 32
-    q, k, v, _ = random_qkv(bits + n, 2, T, 4, 2, d)
-    k_hat, v_hat = (dequantize(*quantize(x, bits)) for x in (k, v))
-    want = dense_attention(*f64(q, k_hat, v_hat), window=window, scale=d**-0.5)
-    cache = init_quantized_kv_cache(2, 2, d, max_len, bits)
-    step = jax.jit(lambda c, *a: softmax_attention_step_quantized(c, *a, window=window), donate_argnums=0)
-    for t in range(0, T - n + 1, n):
-        y, cache = step(cache, q[:, t : t + n], k[:, t : t + n], v[:, t : t + n])
-        assert rel_err(y, want[:, t : t + n]) < 2e-5, t
-    assert int(cache.length) == (T // n) * n
+@pytest.mark.parametrize("case", case_ids(lambda case: case.docs is None))
+def test_step_equals_dense_attention_over_the_dequantized_cache(case):
+    """The case table (tests/ops/attention_cases.py; the quantized cache holds one document per row), 8 bits fed a
+    token a step on every other case, 4 bits 5 tokens a step on the rest (a ring buffer for a window, as the float
+    step's test): y equals the float64 dense oracle over the keys and values as the cache stores them. Outputs
+    only: rounding has no useful gradient."""
+    bits, n = (8, 1) if CASES.index(case) % 2 == 0 else (4, 5)
+    group = default_group(case.d)
+    step = lambda cache, q, k, v, _: softmax_attention_step_quantized(cache, q, k, v, window=case.window)
+    path = stepped(step, init_quantized_kv_cache(case.B, case.H, case.d, cache_slots(case, n), bits, group), n)
+    q, k, v = inputs(case)
+    y = jax.jit(lambda q, k, v: path(q, k, v, None))(q, k, v)
+    k_hat, v_hat = (dequantize(*quantize(x, bits, group), dtype=x.dtype) for x in (k, v))
+    assert y.dtype == v.dtype and rel_err(y, reference(case, q, k_hat, v_hat)) < case.tol
 
 
 def attention_error_bound(q, k, v, bits, scale):

@@ -1,8 +1,8 @@
-"""Context-parallel ops on 8 host devices (run by test_eight_devices.py): power retention with the sequence split
-over the "sequence" axis, on the case table (tests/ops/cases.py, packed cases included: documents that start
-inside a device's tokens and exactly at a device boundary), equals the single-device op and the float64 oracles
-(outputs, final state, gradients); the softmax baseline with gathered K and V (and segment ids) equals
-single-device softmax attention; bad meshes and lengths raise clear errors."""
+"""Context-parallel ops on 8 host devices (run by test_eight_devices.py), the sequence split over the "sequence"
+axis: power retention on its case table (tests/ops/cases.py, packed cases included: documents that start inside
+a device's tokens and exactly at a device boundary) equals the single-device op and the float64 oracles (outputs,
+final state, gradients); softmax attention with gathered K and V on its case table (tests/ops/attention_cases.py)
+equals the float64 dense oracle (outputs, gradients); bad meshes and lengths raise clear errors."""
 
 import math
 
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from retention import power_retention, softmax_attention
+from retention import power_retention
 from retention.ops import (
     power_retention_context_parallel,
     sequence_parallel_size,
@@ -19,7 +19,8 @@ from retention.ops import (
 )
 from retention.parallel import make_mesh
 from tests.helpers import random_qkv, rel_err
-from tests.ops.cases import F32_TOL, case_ids, check_path, differentiate, inputs
+from tests.ops import attention_cases
+from tests.ops.cases import F32_TOL, case_ids, check_path, differentiate, inputs, segment_ids
 from tests.parallel.common import N_DEVICES, require_devices
 
 require_devices()
@@ -27,16 +28,6 @@ require_devices()
 CP_TOL = 1e-5  # against the single-device op (float32): outputs, states, the initial state's gradients
 CP_ORACLE_TOL = 1e-4  # against the float64 oracles (float32; strong gates reach ~1e-5)
 CP_GRAD_TOL = 1e-4  # gradients in q, k, v, log_g against the single-device op's (strong gates: ~1e-5)
-
-
-def _cotangent(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-
-
-def _grads(fn, cot, *args):
-    """d/d(each arg) of sum(fn(*args) * cot), compiled (an eager shard_map recompiles on every call)."""
-    loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float64) * cot)
-    return jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
 
 
 def _run(fn, *args):
@@ -105,25 +96,21 @@ def test_ambient_mesh_and_collectives():
     assert "collective-permute" in hlo and "all-gather" not in hlo
 
 
-@pytest.mark.parametrize(
-    "window,shape,Hq,H,T,packed", [(None, (1, 1, 8), 4, 2, 88, False), (13, (2, 1, 4), 2, 2, 60, True)]
-)
-def test_softmax_attention_gathers_kv(window, shape, Hq, H, T, packed):
-    """Packed: documents of 1, 14 and 30 tokens (one starting at device boundary 15) and the rest; the oracle is
-    the single-device op with the same segment ids (itself checked against the documents alone in tests/ops)."""
-    mesh = make_mesh(*shape)
-    q, k, v, _ = random_qkv(T, 2, T, Hq, H, 8)
-    seg = jnp.asarray(np.repeat([4, 1, 9, 2], [1, 14, 30, T - 45])[None].repeat(2, 0), jnp.int32) if packed else None
-    run = lambda *a: softmax_attention_context_parallel(*a, window=window, segment_ids=seg, mesh=mesh, block_size=16)
-    single = lambda *a: softmax_attention(*a, window=window, segment_ids=seg)
-    got, want = _run(run, q, k, v), _run(single, q, k, v)
-    assert rel_err(got, want) < 1e-5
-    cot = _cotangent(3, q.shape)
-    got_grads = _grads(run, cot, q, k, v)
-    want_grads = _grads(single, cot, q, k, v)
-    for name, a, b in zip("qkv", got_grads, want_grads):
-        assert rel_err(a, b) < 1e-5, name
-    hlo = jax.jit(run).lower(q, k, v).compile().as_text()
+@pytest.mark.parametrize("case", attention_cases.case_ids(_supported))
+def test_softmax_attention_on_the_case_table(case):
+    """The sequence split over `_mesh_shape(case)`, K and V gathered: outputs and gradients against the float64
+    dense oracle (packed: each document alone; documents start exactly at device boundaries). Odd T does not
+    split; the float32 cases that do run."""
+    mesh = make_mesh(*_mesh_shape(case))
+    block = {} if case.block is None else dict(block_size=case.block)
+
+    def cp(q, k, v, segment_ids):
+        return softmax_attention_context_parallel(
+            q, k, v, window=case.window, segment_ids=segment_ids, mesh=mesh, **block
+        )
+
+    attention_cases.check_attention_path(case, cp)
+    hlo = jax.jit(lambda *a: cp(*a, segment_ids(case))).lower(*attention_cases.inputs(case)).compile().as_text()
     assert "all-gather" in hlo
 
 
