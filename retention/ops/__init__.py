@@ -1,6 +1,7 @@
 """Pure functions on arrays, one folder per op: power retention (`power_retention/`: chunked, recurrent, Pallas,
-reference, context parallel) and the softmax baselines (`attention/`); the checks both share (validation.py) and
-the mesh helpers of their context-parallel forms (sequence_parallel.py)."""
+reference, context parallel), the softmax baselines (`attention/`) and the field's matrix-state ops
+(`linear_attention/`, `gated_linear_attention/`, `gated_delta_rule/`, sharing matrix_state.py); the checks all
+share (validation.py) and the mesh helpers of their context-parallel forms (sequence_parallel.py)."""
 
 from retention.ops.attention import (
     ATTENTION_IMPLS,
@@ -10,6 +11,10 @@ from retention.ops.attention import (
     softmax_attention_context_parallel,
     softmax_attention_step,
 )
+from retention.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
+from retention.ops.gated_linear_attention import gated_linear_attention, gated_linear_attention_step
+from retention.ops.linear_attention import linear_attention, linear_attention_step
+from retention.ops.matrix_state import init_matrix_state
 from retention.ops.power_retention import (
     CHUNK_SIZES,
     RETENTION_IMPLS,
@@ -34,8 +39,15 @@ __all__ = [
     "RetentionState",
     "check_chunk_size",
     "check_deg",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "gated_linear_attention",
+    "gated_linear_attention_step",
     "init_kv_cache",
+    "init_matrix_state",
     "init_state",
+    "linear_attention",
+    "linear_attention_step",
     "power_retention",
     "power_retention_context_parallel",
     "power_retention_reference",
