@@ -5,12 +5,14 @@ Per token t and kv-head (the reset contract of power retention, `power_retention
 - reset_t (the state carried into t is cleared): t > 0 and segment_ids[b, t] != segment_ids[b, t-1], or (scalar
   gates) log_g_t <= LOG_G_ZERO (-inf, or a gate that is exactly 0 in float32);
 - a_t, the finite log-gate: 0 at a reset, else log_g_t (per-channel gates below LOG_G_ZERO count as LOG_G_ZERO,
-  whose exp is 0 in float32); NaN where log_g_t is positive or NaN, or where k_t or v_t has a non-finite entry, or
-  beta_t is not in [0, 1]. Those tokens' k, v and beta become zeros, so every product of the chunked forms stays
-  finite and the NaN is put back by a mask: in that token's row and in every later row of its document.
+  whose exp is 0 in float32), 0 where log_g_t is positive or NaN;
+- bad_t: log_g_t is positive or NaN (in any channel), or k_t or v_t has a non-finite entry, or beta_t is not in
+  [0, 1]. Those tokens' k, v and beta become zeros, so every product of the chunked forms stays finite, and the
+  NaN is put back by a mask: in that token's row and in every later row of its document. A bad k or v leaves the
+  token's gate in a, so the other documents' arithmetic is exactly that of clean inputs.
 Per chunk of c tokens (T padded to N*c with a = 0, zero keys and values, no reset): F the inclusive cumulative sum
-of a with its NaNs read as 0 (finite, non-increasing, so every exp(F_i - F_j), j <= i, is <= 1), R the number of
-resets up to each token, and `poisoned`, true from a NaN a_t to the end of its document inside the chunk.
+of a (finite, non-increasing, so every exp(F_i - F_j), j <= i, is <= 1), R the number of resets up to each
+token, and `poisoned`, true from a bad token to the end of its document inside the chunk.
 """
 
 from typing import NamedTuple
@@ -21,6 +23,7 @@ import numpy as np
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int
 
+from retention.ops.power_retention.chunk_math import masked_exp
 from retention.ops.power_retention.gates import LOG_G_ZERO, document_starts
 from retention.ops.power_retention.validation import check_chunk_size
 from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
@@ -71,13 +74,19 @@ def check_beta(beta, k) -> None:
 
 
 class TokenGates(NamedTuple):
-    """k, v (and beta) with non-finite tokens zeroed; a [B, T, H] or [B, T, H, d_k] and reset [B, T, H]."""
+    """k, v (and beta) with bad tokens zeroed; a [B, T, H] or [B, T, H, d_k]; reset and bad [B, T, H]."""
 
     k: Float[Array, "B T H dk"]
     v: Float[Array, "B T H dv"]
     beta: Float[Array, "B T H"] | None
     a: Float[Array, "B T H *dk"]
     reset: Bool[Array, "B T H"]
+    bad: Bool[Array, "B T H"]
+
+    def decay(self) -> Float[Array, "B T H *dk"]:
+        """exp(a_t) per token (per channel), 0 at a reset, NaN at a bad token: the recurrences' factor on S."""
+        extra = (Ellipsis, None) if self.a.ndim == 4 else (Ellipsis,)
+        return jnp.where(self.bad[extra], jnp.nan, masked_exp(self.a, ~self.reset[extra]))
 
 
 def token_gates(
@@ -90,8 +99,8 @@ def token_gates(
     per_channel: bool = False,
     dtype=jnp.float32,
 ) -> TokenGates:
-    """The per-token finite log-gates a and resets of the module docstring (log_g None: a = 0; per_channel: log_g
-    is [B, T, H, d_k]), with k, v and beta zeroed at the tokens that carry a NaN in a instead."""
+    """The per-token finite log-gates a, resets and bad tokens of the module docstring (log_g None: a = 0;
+    per_channel: log_g is [B, T, H, d_k]), with k, v and beta zeroed at the bad tokens."""
     B, T, H = k.shape[:3]
     bad = ~(jnp.isfinite(k).all(-1) & jnp.isfinite(v).all(-1))
     if beta is not None:
@@ -108,15 +117,15 @@ def token_gates(
         a = jnp.zeros((B, T, H), dtype)
     else:
         log_g = log_g.astype(dtype)
+        allowed = log_g <= 0  # positive or NaN gates: bad tokens
+        bad = bad | ~(allowed.all(-1) if per_channel else allowed)
         if per_channel:
-            log_g = jnp.maximum(log_g, LOG_G_ZERO)  # NaN stays NaN
+            log_g = jnp.maximum(log_g, LOG_G_ZERO)
         else:
             reset = reset | (log_g <= LOG_G_ZERO)
-        a = jnp.where(log_g <= 0, log_g, jnp.nan)  # positive or NaN gates: NaN
-    extra = (Ellipsis, None) if a.ndim == 4 else (Ellipsis,)
-    a = jnp.where(reset[extra], 0.0, a)
-    a = jnp.where(bad[extra], jnp.nan, a)  # after the reset: a poisoned token that starts a document stays NaN
-    return TokenGates(k=k, v=v, beta=beta, a=a, reset=reset)
+        a = jnp.where(allowed, log_g, 0.0)
+    a = jnp.where(reset[(Ellipsis, None) if a.ndim == 4 else Ellipsis], 0.0, a)
+    return TokenGates(k=k, v=v, beta=beta, a=a, reset=reset, bad=bad)
 
 
 def to_chunks(x: Float[Array, "B T H ..."], c: int) -> Float[Array, "B N H c ..."]:
@@ -144,14 +153,11 @@ class ChunkGates(NamedTuple):
     poisoned: Bool[Array, "B N H c"]
 
 
-def chunk_gates(a: Float[Array, "B T H *dk"], reset: Bool[Array, "B T H"], c: int) -> ChunkGates:
+def chunk_gates(tokens: TokenGates, c: int) -> ChunkGates:
     """F, R and poisoned of the module docstring, per chunk of c tokens."""
-    a_c, reset_c = to_chunks(a, c), to_chunks(reset, c)
-    R = jnp.cumsum(reset_c.astype(jnp.int32), axis=3)
-    nan = jnp.isnan(a_c) if a.ndim == 3 else jnp.isnan(a_c).any(-1)
-    last_nan_document = jax.lax.cummax(jnp.where(nan, R, -1), axis=3)
-    F = jnp.cumsum(jnp.where(jnp.isnan(a_c), 0.0, a_c), axis=3)
-    return ChunkGates(F=F, R=R, poisoned=last_nan_document == R)
+    R = jnp.cumsum(to_chunks(tokens.reset, c).astype(jnp.int32), axis=3)
+    last_bad_document = jax.lax.cummax(jnp.where(to_chunks(tokens.bad, c), R, -1), axis=3)
+    return ChunkGates(F=jnp.cumsum(to_chunks(tokens.a, c), axis=3), R=R, poisoned=last_bad_document == R)
 
 
 def poison_rows(y: Float[Array, "B N H g c e"], poisoned: Bool[Array, "B N H c"]) -> Float[Array, "B N H g c e"]:

@@ -52,7 +52,7 @@ def gated_delta_rule_chunked(
     H, d_v, c = k.shape[2], v.shape[-1], chunk_size
     f32 = jnp.float32
     tokens = token_gates(k, v, log_g, segment_ids, beta=beta)
-    gates = chunk_gates(tokens.a, tokens.reset, c)
+    gates = chunk_gates(tokens, c)
     q_c = query_chunks(q.astype(f32) * scale, H, c)  # [B, N, H, g, c, dk]
     k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
     beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]

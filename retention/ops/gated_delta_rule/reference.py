@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from retention.ops.matrix_state import compute_dtype, recurrence, token_gates
-from retention.ops.power_retention.chunk_math import decay_state, masked_exp
+from retention.ops.power_retention.chunk_math import decay_state
 
 
 def _token(S, k_t, v_t, beta_t, decay_t):
@@ -31,7 +31,7 @@ def gated_delta_rule_recurrence(
     dtype = compute_dtype(q)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     tokens = token_gates(k, v, log_g, segment_ids, beta=beta, dtype=dtype)
-    decay = masked_exp(tokens.a, ~tokens.reset)
+    decay = tokens.decay()
     xs = (tokens.k, tokens.v, tokens.beta, decay)
     o, S = recurrence(_token, q, xs, initial_state, H=k.shape[2], d_v=v.shape[-1], scale=scale, dtype=dtype)
     return o.astype(v.dtype), S

@@ -90,7 +90,7 @@ def gated_linear_attention_chunked(
     s = min(SUB_CHUNK, c)
     f32 = jnp.float32
     tokens = token_gates(k, v, log_g, segment_ids, per_channel=True)
-    gates = chunk_gates(tokens.a, tokens.reset, c)  # F [B, N, H, c, dk]
+    gates = chunk_gates(tokens, c)  # F [B, N, H, c, dk]
     q_c = query_chunks(q.astype(f32) * scale, H, c)
     k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
     intra = _intra_chunks(*map(chunk_major, (q_c, k_c, v_c, gates.F, gates.R)), s)

@@ -5,7 +5,6 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.linear_attention.reference import decayed_write
 from retention.ops.matrix_state import compute_dtype, recurrence, token_gates
-from retention.ops.power_retention.chunk_math import masked_exp
 
 
 def gated_linear_attention_recurrence(
@@ -22,7 +21,7 @@ def gated_linear_attention_recurrence(
     dtype = compute_dtype(q)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     tokens = token_gates(k, v, log_g, segment_ids, per_channel=True, dtype=dtype)
-    decay = masked_exp(tokens.a, ~tokens.reset[..., None])  # [B, T, H, dk]: row m of S decays by exp(g_t[m])
+    decay = tokens.decay()  # [B, T, H, dk]: row m of S decays by exp(g_t[m])
     xs = (tokens.k, tokens.v, decay)
     o, S = recurrence(decayed_write, q, xs, initial_state, H=k.shape[2], d_v=v.shape[-1], scale=scale, dtype=dtype)
     return o.astype(v.dtype), S

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from retention.ops.matrix_state import compute_dtype, recurrence, token_gates
-from retention.ops.power_retention.chunk_math import decay_state, masked_exp
+from retention.ops.power_retention.chunk_math import decay_state
 
 
 def decayed_write(S, k_t, v_t, decay_t):
@@ -27,7 +27,7 @@ def linear_attention_recurrence(
     dtype = compute_dtype(q)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     tokens = token_gates(k, v, log_g, segment_ids, dtype=dtype)
-    decay = masked_exp(tokens.a, ~tokens.reset)
+    decay = tokens.decay()
     xs = (tokens.k, tokens.v, decay)
     o, S = recurrence(decayed_write, q, xs, initial_state, H=k.shape[2], d_v=v.shape[-1], scale=scale, dtype=dtype)
     return o.astype(v.dtype), S
