@@ -40,8 +40,7 @@ from retention import (
     softmax_attention,
     softmax_attention_step,
 )
-from retention.nn import LM
-from retention.nn.model import LMConfig
+from retention.nn import LM, LMConfig
 from retention.ops.power_retention.pallas import chunked_pallas
 
 FULL = dict(

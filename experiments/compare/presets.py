@@ -392,7 +392,7 @@ GPU_SMALL = Preset(
     peak_flops=989e12,
     long_eval_bytes=100 * 2**30,
 )
-# FLOPs (retention/nn/model.py flops_per_token, training = 3x forward): the 4-layer ~30M models run about 2e8
+# FLOPs (retention/nn/sizing.py flops_per_token, training = 3x forward): the 4-layer ~30M models run about 2e8
 # FLOPs a token outside attention; softmax at 64k adds 4 layers x 3 x 2 x 65536 x 512 = 8e8. 262,144 tokens a step
 # is at most 2.6e14 FLOPs, 0.7 s at 40% of 989 TFLOP/s: 12 timed shapes x 4 steps take under a minute; decode is
 # ms. The MQAR cell: 600 steps x 65,536 tokens x (6 x 8M + attention) ~ 3e15 FLOPs, about 10 s per model, 4

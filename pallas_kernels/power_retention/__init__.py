@@ -1,13 +1,13 @@
 """Pallas kernels for power retention of degree 2: chunked forward and backward, and the decode state pass.
 
 A leaf library: arrays in, arrays out (it imports nothing from `retention`). Entry points:
-- `chunked_retention(q, k, v, log_g, S_exp, Z, *, scale, chunk_size, ...) -> (y, S_exp, Z)`, differentiable in
-  every input (chunked.py, its VJP in vjp.py);
+- `chunked_retention(q, k, v, F, R, S_exp, Z, *, scale, chunk_size, ...) -> (y, S_exp, Z)` (F, R [B, T, H]: within
+  each chunk, the inclusive sum of the log-gates and the count of resets, as the op's gates.py makes them),
+  differentiable in every input but R (chunked.py, its VJP in vjp.py);
 - `decode_state_pass(q_t, k_t, v, gamma, S, ...) -> (read, S)`: the pass over the exact state of a decode step
   (decode.py), forward only;
 - `check_supported(deg, d, g, backend, chunk)`: what the kernels support; `BlockSizes` and `default_block_sizes`:
-  block sizes and compiler settings per backend; `resolve_backend`, `matmul_precision`, `lowering_for` (a target
-  for lowering from another machine) (config.py).
+  block sizes and compiler settings per backend; `resolve_backend`, `matmul_precision` (config.py).
 
 The expanded state. For p = 2, (x . y)^2 = sum_{a,b} x_a x_b y_a y_b, so the chunked kernels use the feature x (x) x
 (all d*d products) instead of the symmetric power map (the D = d(d+1)/2 products a <= b, times sqrt(2) off the
@@ -49,8 +49,6 @@ from pallas_kernels.power_retention.config import (
     check_supported,
     chunk_for,
     default_block_sizes,
-    lowering_for,
-    lowering_target,
     matmul_for,
     matmul_precision,
     resolve_backend,
@@ -67,8 +65,6 @@ __all__ = [
     "chunked_retention",
     "decode_state_pass",
     "default_block_sizes",
-    "lowering_for",
-    "lowering_target",
     "matmul_for",
     "matmul_precision",
     "resolve_backend",

@@ -14,8 +14,6 @@ Tuned values: `tuned_block_sizes.json` beside this file maps a device kind (`jax
 defaults elsewhere or when the file is absent. `python -m experiments.gpu_check` writes it (`write_tuned`).
 """
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import json
@@ -29,7 +27,6 @@ from jax.experimental.pallas import triton as pltriton
 from pallas_kernels.power_retention.chunk_math import F32, Matmul
 
 BACKENDS = ("gpu", "tpu")
-_TARGET = contextvars.ContextVar("kernel_target", default=None)  # set by `lowering_for`
 SUPPORTED_DEGREES = (2,)
 TUNED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_block_sizes.json")
 
@@ -159,30 +156,9 @@ def check_supported(deg: int, d: int, g: int, backend: str, chunk: int | None = 
         raise ValueError(f"chunk_size={chunk}: TPU kernels need a multiple of 8")
 
 
-@contextlib.contextmanager
-def lowering_for(backend: str):
-    """Within this context, a kernel call given no backend targets `backend` ('gpu' or 'tpu') and none runs
-    interpreted: to lower a whole model's kernels for a GPU or TPU from this machine (`jax.export` with
-    `platforms`), where only the default device decides otherwise."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    token = _TARGET.set(backend)
-    try:
-        yield
-    finally:
-        _TARGET.reset(token)
-
-
-def lowering_target() -> str | None:
-    """The backend of the active `lowering_for`, or None."""
-    return _TARGET.get()
-
-
 def resolve_backend(backend: str | None) -> str:
-    """'gpu' or 'tpu': the given one, or `lowering_for`'s, or the default device's ('gpu' on CPU, where kernels run
-    interpreted)."""
-    if backend is None and _TARGET.get() is not None:
-        return _TARGET.get()
+    """'gpu' or 'tpu': the given one, or the default device's ('gpu' on CPU, where kernels run interpreted). The
+    caller (the op) passes the backend it targets."""
     if backend is None:
         return "tpu" if jax.default_backend() == "tpu" else "gpu"
     if backend not in BACKENDS:
@@ -191,10 +167,8 @@ def resolve_backend(backend: str | None) -> str:
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-    """None means interpret mode exactly when the default device is a CPU and no `lowering_for` is active."""
-    if interpret is None:
-        return jax.default_backend() == "cpu" and _TARGET.get() is None
-    return bool(interpret)
+    """None means interpret mode exactly when the default device is a CPU."""
+    return jax.default_backend() == "cpu" if interpret is None else bool(interpret)
 
 
 def matmul_precision(dtype) -> jax.lax.Precision:

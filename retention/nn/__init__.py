@@ -1,17 +1,27 @@
-"""Flax NNX modules on top of retention.ops: the sequence mixers and the language model."""
+"""Flax NNX modules on top of retention.ops: the sequence mixers (one module each, listed by layer letter in
+registry.py), the language model (model.py), its config (config.py) and its sizes (sizing.py)."""
 
-from retention.nn.mixers import Attention, PowerRetention, RetentionCache, cache_bytes
-from retention.nn.model import LM, LMCache, LMConfig, count_params, flops_per_token, size_config
+from retention.nn.attention import Attention, AttentionCache
+from retention.nn.config import LMConfig
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.model import LM, LMCache
+from retention.nn.power_retention import PowerRetention, RetentionCache
+from retention.nn.registry import MIXERS
+from retention.nn.sizing import cache_bytes, count_params, decode_cache_bytes, flops_per_token, size_config
 
 __all__ = [
     "LM",
+    "MIXERS",
     "Attention",
+    "AttentionCache",
     "LMCache",
     "LMConfig",
+    "MixerKind",
     "PowerRetention",
     "RetentionCache",
     "cache_bytes",
     "count_params",
+    "decode_cache_bytes",
     "flops_per_token",
     "size_config",
 ]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from retention.nn.conv import ShortConv, causal_conv
+from retention.nn.conv import ShortConv
+from retention.ops.conv import causal_conv
 from tests.helpers import rel_err
 
 SEEDS = np.random.SeedSequence().generate_state(2)  # fresh every session

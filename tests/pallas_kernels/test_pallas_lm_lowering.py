@@ -12,9 +12,8 @@ from flax import nnx
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import pallas_kernels.power_retention as kernels
-from retention.nn import LM
-from retention.nn.model import LMConfig
+from retention.nn import LM, LMConfig
+from retention.ops.platform import lowering_for
 from retention.parallel.sharding import fsdp_spec
 
 DEVICES = {"tpu": ("TPU v5 lite", "tpu", "tpu_custom_call"), "cuda": ("NVIDIA H200", "cuda", "__gpu$xla.gpu.triton")}
@@ -48,7 +47,7 @@ def _exported(platform: str, shape: tuple[int, int, int], d: int):
     tokens = jax.ShapeDtypeStruct((8, 256), jnp.int32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
     loss = lambda params, tokens: nnx.merge(graphdef, params)(tokens).astype(jnp.float32).mean()
     step = jax.jit(jax.value_and_grad(loss))
-    target = kernels.lowering_for("tpu" if platform == "tpu" else "gpu")
+    target = lowering_for("tpu" if platform == "tpu" else "gpu")
     with jax.enable_x64(False), jax.sharding.use_abstract_mesh(mesh), target:  # x64: see attention/splash.py
         return jax.export.export(step, platforms=[platform], disabled_checks=[TRITON])(params, tokens)
 
@@ -68,5 +67,5 @@ def test_lm_with_kernels_lowers_under_mesh(platform, shape, d):
 
 def test_lowering_for_names_its_backend():
     with pytest.raises(ValueError, match="backend"):
-        with kernels.lowering_for("cuda"):
+        with lowering_for("cuda"):
             pass

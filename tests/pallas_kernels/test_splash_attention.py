@@ -7,9 +7,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import pallas_kernels.power_retention as kernels
 from retention import softmax_attention
 from retention.ops.attention.reference import dense_attention
+from retention.ops.platform import lowering_for
 from tests.helpers import f64, rel_err
 
 TOL = 2e-5
@@ -58,7 +58,7 @@ def test_auto_takes_splash_for_tpu_and_lowers():
     ids = jax.ShapeDtypeStruct((B, 256), jnp.int32)
     fwd = lambda q, k, v, ids: softmax_attention(q, k, v, segment_ids=ids)
     bwd = jax.grad(lambda *a: fwd(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))
-    with jax.enable_x64(False), kernels.lowering_for("tpu"):  # x64: see retention/ops/attention/splash.py
+    with jax.enable_x64(False), lowering_for("tpu"):  # x64: see retention/ops/attention/splash.py
         for name, f in (("forward", fwd), ("backward", bwd)):
             module = jax.export.export(jax.jit(f), platforms=["tpu"])(x, kv, kv, ids).mlir_module()
             assert "tpu_custom_call" in module, name

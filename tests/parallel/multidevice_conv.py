@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from retention.nn import LM, LMConfig
-from retention.nn.conv import causal_conv, causal_conv_context_parallel
+from retention.ops.conv import causal_conv, causal_conv_context_parallel
 from retention.parallel import make_mesh
 from tests.helpers import rel_err
 from tests.parallel.common import require_devices

@@ -9,7 +9,7 @@ context_parallel.py: the sequence split over a mesh axis, K and V gathered.
 """
 
 from retention.ops.attention.context_parallel import softmax_attention_context_parallel
-from retention.ops.attention.decode import KVCache, init_kv_cache, softmax_attention_step
+from retention.ops.attention.decode import KVCache, fill_kv_cache, init_kv_cache, softmax_attention_step
 from retention.ops.attention.op import softmax_attention
 from retention.ops.attention.quantized import (
     KV_CACHE_BITS,
@@ -26,6 +26,7 @@ __all__ = [
     "KVCache",
     "QuantizedKVCache",
     "check_window",
+    "fill_kv_cache",
     "fill_quantized_kv_cache",
     "init_kv_cache",
     "init_quantized_kv_cache",

@@ -18,7 +18,7 @@ from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_upd
 DEFAULT_BLOCK = 512
 
 
-def _key_block_range(i, b, nb, window):
+def _key_block_range(i, b, window):
     """Key blocks [lo, hi) that query block i can see."""
     lo = 0 if window is None else jnp.maximum(0, (i * b - window + 1) // b)
     return lo, i + 1
@@ -52,7 +52,7 @@ def _forward(q_XNbd, k_XNbd, v_XNbd, seg_XNb, window):
             s, ok = _block_scores(q_blk, k_XNbd[:, j], i, j, b, window, seg_XNb)
             return online_softmax_update(carry, s, ok, v_XNbd[:, j])
 
-        lo, hi = _key_block_range(i, b, nb, window)
+        lo, hi = _key_block_range(i, b, window)
         init = (jnp.full((X, b), MASKED, acc_t), jnp.zeros((X, b), acc_t), jnp.zeros((X, b, d), acc_t))
         m, den, acc = jax.lax.fori_loop(lo, hi, body, init)
         return acc / den[..., None], m + jnp.log(den)

@@ -49,6 +49,7 @@ def _attend_gathered(q_BTHd, k_BSHd, v_BSHd, q_seg_BT, k_seg_BS, q_start, window
     return rearrange(o / den[..., None], "B H g T d -> B T (H g) d").astype(v_BSHd.dtype)
 
 
+@jax.named_scope("softmax_attention_context_parallel")
 def softmax_attention_context_parallel(
     q: Float[Array, "B T Hq d"],
     k: Float[Array, "B T H d"],

@@ -52,6 +52,29 @@ def init_kv_cache(batch: int, heads: int, head_dim: int, max_len: int, dtype=jnp
     )
 
 
+def fill_kv_cache(
+    cache: KVCache,
+    k: Float[Array, "B T H d"],
+    v: Float[Array, "B T H d"],
+    segment_ids: Int[Array, "B T"] | None = None,
+) -> KVCache:
+    """A prompt's keys, values and segment ids (positions 0..T-1; None: one document, id 0) into an empty cache:
+    the last min(T, L) of them at slots position % L (a full-attention cache must hold all T)."""
+    B, T = k.shape[:2]
+    L = cache.k.shape[2]
+    kept = min(T, L)
+    pos = jnp.arange(T - kept, T, dtype=jnp.int32)
+    seg = jnp.zeros((B, T), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    to_heads = lambda x, like: rearrange(x[:, T - kept :], "B n H d -> B H n d").astype(like.dtype)
+    return KVCache(
+        k=cache.k.at[:, :, pos % L].set(to_heads(k, cache.k)),
+        v=cache.v.at[:, :, pos % L].set(to_heads(v, cache.v)),
+        pos=cache.pos.at[pos % L].set(pos),
+        segment_ids=cache.segment_ids.at[:, pos % L].set(seg[:, T - kept :]),
+        length=jnp.asarray(T, jnp.int32),
+    )
+
+
 def last_segment_ids(cache: KVCache) -> Int[Array, " B"]:
     """Each row's segment id of the last token written (0 for an empty cache)."""
     L = cache.k.shape[2]
@@ -88,6 +111,7 @@ def _fold_keys(carry, q_blk, q_pos, q_seg, keys, window, n_blocks, block: int):
     return jax.lax.fori_loop(0, n_blocks, lambda j, c: fold(c, jnp.minimum(j * block, S - block), j * block), carry)
 
 
+@jax.named_scope("softmax_attention_step")
 def softmax_attention_step(
     cache: KVCache,
     q: Float[Array, "B n Hq d"],

@@ -10,8 +10,9 @@ impl = "auto" | "xla" | "cudnn" | "reference" | "splash":
 - "reference": dense (`reference.py`), O(T^2) memory;
 - "splash": splash attention (`splash.py`), TPU; interpreted on CPU;
 - "auto": splash on TPU; cuDNN on GPU for bf16/fp16 inputs without segment_ids, blockwise for float32 on GPU (the
-  stated fallback: no float32 flash kernel in cuDNN); blockwise elsewhere. The platform is the default device's,
-  or the target of an active `pallas_kernels.power_retention.lowering_for` (lowering from CPU for a GPU or TPU).
+  stated fallback: no float32 flash kernel in cuDNN); blockwise elsewhere. The platform is
+  `retention.ops.platform.target_platform()`: the default device's, or the target of an active `lowering_for`
+  (lowering from CPU for a GPU or TPU).
 A NaN or inf in an input gives NaN in the rows that see it, never anything finite (`scores.poison_nonfinite`);
 `debug_checks=True` raises instead (a host callback, also under jit).
 """
@@ -20,12 +21,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from pallas_kernels.power_retention import lowering_target
 from retention.ops.attention.blockwise import blockwise_attention
 from retention.ops.attention.reference import dense_attention
 from retention.ops.attention.scores import poison_nonfinite
 from retention.ops.attention.splash import splash_attention
 from retention.ops.attention.validation import ATTENTION_IMPLS, check_window
+from retention.ops.platform import target_platform
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_choice
 
@@ -40,6 +41,7 @@ def _cudnn(q, k, v, *, window, segment_ids, scale, implementation="cudnn"):
     )
 
 
+@jax.named_scope("softmax_attention")
 def softmax_attention(
     q: Float[Array, "B T Hq d"],
     k: Float[Array, "B T H d"],
@@ -63,7 +65,7 @@ def softmax_attention(
     if debug_checks:
         check_at_runtime(runtime_input_checks({"q": q, "k": k, "v": v}, segment_ids))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    platform = lowering_target() or jax.default_backend()
+    platform = target_platform()
     if impl == "splash" or (impl == "auto" and platform == "tpu"):
         q, k, v = poison_nonfinite(q, k, v)
         return splash_attention(

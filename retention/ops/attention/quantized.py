@@ -148,6 +148,7 @@ def fill_quantized_kv_cache(
     )
 
 
+@jax.named_scope("softmax_attention_step_quantized")
 def softmax_attention_step_quantized(
     cache: QuantizedKVCache,
     q: Float[Array, "B n Hq d"],

@@ -30,7 +30,7 @@ from retention.ops.power_retention.chunk_math import (
     state_write,
 )
 from retention.ops.power_retention.gates import chunk_gates
-from retention.ops.power_retention.state import RetentionState, augment, split
+from retention.ops.power_retention.state import RetentionState, augment, split, with_ones
 
 INTRA_GROUP_BYTES = 1 << 24  # chunks per batched intra-chunk step: about 16 MB of scores at a time
 
@@ -125,7 +125,7 @@ def power_retention_chunked(
     q_f = jnp.pad(q.astype(f32) * scale, pad)
     k_f = jnp.pad(gates.k.astype(f32), pad)
     v_f = jnp.pad(gates.v.astype(f32), pad)
-    v_aug = jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), f32)], axis=-1)
+    v_aug = with_ones(v_f)
 
     q_BNHgcd = rearrange(q_f, "B (N c) (H g) d -> B N H g c d", c=c, H=H)
     k_BNHcd = rearrange(k_f, "B (N c) H d -> B N H c d", c=c)

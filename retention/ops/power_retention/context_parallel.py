@@ -31,17 +31,9 @@ from retention.ops.power_retention.chunk_math import decay_state, gate_factors, 
 from retention.ops.power_retention.gates import chunk_gates, document_starts
 from retention.ops.power_retention.op import power_retention, run_debug_checks
 from retention.ops.power_retention.pallas import interpreted
-from retention.ops.power_retention.state import RetentionState, augment, check_state, split
-from retention.ops.power_retention.validation import (
-    STATE_IMPLS,
-    check_chunk_size,
-    check_deg,
-    check_log_g,
-    default_chunk_size,
-)
+from retention.ops.power_retention.state import RetentionState, augment, check_state, split, with_ones
+from retention.ops.power_retention.validation import STATE_IMPLS, check_op_args, default_chunk_size
 from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
-from retention.ops.validation import check_qkv, check_scale, check_segment_ids
-from retention.validation import check_choice
 
 
 def _local_state(k_BTHd, v_BTHd, log_g_BTH, segment_ids_BT, deg: int, c: int):
@@ -57,7 +49,7 @@ def _local_state(k_BTHd, v_BTHd, log_g_BTH, segment_ids_BT, deg: int, c: int):
     N = gates.F.shape[1]
     pad = [(0, 0), (0, N * c - k_BTHd.shape[1]), (0, 0), (0, 0)]  # zero keys write nothing
     v_f = jnp.pad(gates.v.astype(f32), pad)
-    v_aug = jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), f32)], axis=-1)
+    v_aug = with_ones(v_f)
     k_NBHcd = rearrange(jnp.pad(gates.k.astype(f32), pad), "B (N c) H d -> N B H c d", c=c)
     k_NBHcd = k_NBHcd * rearrange(fk_BNHc, "B N H c -> N B H c")[..., None]
     v_NBHce = rearrange(v_aug, "B (N c) H e -> N B H c e", c=c)
@@ -84,6 +76,7 @@ def _exclusive_prefix(a_BH, r_BH, S_aug, axis: str, n: int):
     return a, r, S
 
 
+@jax.named_scope("power_retention_context_parallel")
 def power_retention_context_parallel(
     q: Float[Array, "B T Hq d"],
     k: Float[Array, "B T H d"],
@@ -111,13 +104,7 @@ def power_retention_context_parallel(
     other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size None: the local
     op's default for T / n tokens.
     """
-    check_qkv(q, k, v)
-    check_deg(deg)
-    check_log_g(log_g, k)
-    check_segment_ids(segment_ids, *q.shape[:2])
-    check_scale(scale)
-    check_choice("impl", impl, STATE_IMPLS)
-    check_chunk_size(chunk_size)
+    check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, T, _, d = q.shape
     H = k.shape[2]
     if initial_state is not None:

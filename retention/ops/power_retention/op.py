@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.platform import target_platform
 from retention.ops.power_retention.chunked import power_retention_chunked
 from retention.ops.power_retention.pallas import pallas_supports
 from retention.ops.power_retention.pallas_mesh import chunked_on_mesh, step_on_mesh
@@ -27,28 +28,14 @@ from retention.ops.power_retention.validation import (
     DEFAULT_CHUNK_SIZE,
     RETENTION_IMPLS,
     STATE_IMPLS,
-    check_chunk_size,
-    check_deg,
-    check_log_g,
+    check_op_args,
     default_chunk_size,
     runtime_gate_checks,
 )
-from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
-from retention.validation import check_at_runtime, check_choice
+from retention.ops.validation import runtime_input_checks
+from retention.validation import check_at_runtime
 
 STEP_PIECE = 16384  # tokens per chunked call inside a long step: a piece's temporaries, whatever n is
-
-
-def _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, impls) -> float:
-    """The checks both ops share; returns the resolved scale (1/sqrt(d) for None)."""
-    check_qkv(q, k, v)
-    check_deg(deg)
-    check_log_g(log_g, k)
-    check_segment_ids(segment_ids, *q.shape[:2])
-    check_scale(scale)
-    check_chunk_size(chunk_size)
-    check_choice("impl", impl, impls)
-    return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
 def run_debug_checks(q, k, v, log_g, segment_ids, state, state_name: str) -> None:
@@ -64,11 +51,12 @@ def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None) -> bool:
     the degree, shapes and dtype."""
     if impl == "pallas":
         return True
-    if impl != "auto" or jax.default_backend() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
+    if impl != "auto" or target_platform() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
         return False
     return pallas_supports(deg, q.shape[-1], q.shape[2] // k.shape[2], chunk_size)
 
 
+@jax.named_scope("power_retention")
 def power_retention(
     q: Float[Array, "B T Hq d"],
     k: Float[Array, "B T H d"],
@@ -95,7 +83,7 @@ def power_retention(
     `default_chunk_size(T)`. A NaN or inf in q, k or v, or a NaN gate, gives NaN in that row and the later rows of
     its document; debug_checks=True raises ValueError for those, positive gates and non-contiguous documents.
     """
-    scale = _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, RETENTION_IMPLS)
+    scale = check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, RETENTION_IMPLS)
     B, T, _, d = q.shape
     H = k.shape[2]
     if initial_state is not None:
@@ -117,6 +105,7 @@ def power_retention(
     return (y, state) if return_state else y
 
 
+@jax.named_scope("power_retention_step")
 def power_retention_step(
     state: RetentionState,
     q: Float[Array, "B n Hq d"],
@@ -145,7 +134,7 @@ def power_retention_step(
     Pallas kernels on GPU and TPU where they support the shapes, else XLA), "xla" or "pallas" (interpreted on
     CPU): one of STATE_IMPLS.
     """
-    scale = _check_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
+    scale = check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, n, _, d = q.shape
     check_state(state, B, k.shape[2], d, deg, "state")
     if debug_checks:

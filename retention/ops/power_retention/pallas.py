@@ -15,6 +15,7 @@ from einops import rearrange
 
 import pallas_kernels.power_retention as kernels
 from pallas_kernels.power_retention import BlockSizes
+from retention.ops.platform import kernel_backend, kernel_interpret
 from retention.ops.power_retention.expanded_state import from_expanded, to_expanded
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.recurrent import chunk_step, xla_state_pass
@@ -24,7 +25,7 @@ from retention.ops.power_retention.state import RetentionState
 def check_pallas(deg: int, d: int, g: int, chunk: int | None = None, backend: str | None = None) -> None:
     """Raise NotImplementedError or ValueError for what the kernels of `backend` (None: the default device's) do
     not support: degree `deg`, head dim d, g query heads per kv-head, chunk size `chunk` (None: not chunked)."""
-    kernels.check_supported(deg, d, g, kernels.resolve_backend(backend), chunk)
+    kernels.check_supported(deg, d, g, kernel_backend(backend), chunk)
 
 
 def pallas_supports(deg: int, d: int, g: int, chunk: int | None = None, backend: str | None = None) -> bool:
@@ -40,7 +41,7 @@ def interpreted(impl: str) -> bool:
     """Whether `impl` runs the kernels in interpret mode ("pallas" on CPU). A shard_map around such kernels must
     run with check_vma=False: in JAX 0.11.2 the interpreter slices each (varying) input by invariant grid indices,
     which the varying-axes check rejects (on GPU and TPU the kernels type their outputs, pallas_kernels/vma.py)."""
-    return impl == "pallas" and kernels.resolve_interpret(None)
+    return impl == "pallas" and kernel_interpret()
 
 
 def kernel_gates(k, v, log_g, segment_ids, chunk: int):
@@ -71,11 +72,12 @@ def chunked_pallas(
     """`power_retention_chunked` on the kernels: (y in v's dtype, the final state), shapes as `power_retention`'s,
     segment_ids [B, T] int or None (a new document resets the state, see `kernel_gates`). Inputs validated by the
     op; `chunk_size` None takes the kernels' (BlockSizes.chunk, `kernels.chunk_for`); `backend` ('gpu' or 'tpu',
-    None: the default device's), `interpret` (None: on CPU) and `block_sizes` (None: the backend's defaults, tuned
-    where `gpu_check` wrote them) as in the kernels."""
+    None: the target platform's, `retention.ops.platform`), `interpret` (None: on a CPU target) and `block_sizes`
+    (None: the backend's defaults, tuned where `gpu_check` wrote them) as in the kernels."""
     B, T, Hq, d = q.shape
     H = k.shape[2]
-    blocks = block_sizes or kernels.default_block_sizes(kernels.resolve_backend(backend), d)
+    backend, interpret = kernel_backend(backend), kernel_interpret(interpret)
+    blocks = block_sizes or kernels.default_block_sizes(backend, d)
     chunk = chunk_size or kernels.chunk_for(T, blocks)
     check_pallas(deg, d, Hq // H, chunk, backend)
     k, v, F, R = kernel_gates(k, v, log_g, segment_ids, chunk)
@@ -132,6 +134,7 @@ def step_pallas(
     """`chunk_step` with the decode kernel's pass over S: (y in v's dtype, the updated state), shapes as
     `power_retention_step`'s. Inputs validated by the op; `backend`, `interpret`, `block_sizes` as in
     `chunked_pallas`."""
+    backend, interpret = kernel_backend(backend), kernel_interpret(interpret)
     check_pallas(deg, q.shape[-1], q.shape[2] // k.shape[2], None, backend)
     options = (kernels.matmul_precision(q.dtype), backend, interpret, block_sizes)
     state_pass = lambda *args: _kernel_state_pass(*args, options)

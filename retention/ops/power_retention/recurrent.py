@@ -22,7 +22,7 @@ from retention.ops.power_retention.chunk_math import (
     state_write,
 )
 from retention.ops.power_retention.gates import chunk_gates
-from retention.ops.power_retention.state import RetentionState
+from retention.ops.power_retention.state import RetentionState, with_ones
 
 StatePass = Callable[..., tuple[Array, Array]]  # (q~ [B,H,m,d], k~ [B,H,n,d], u [B,H,n,e], gamma [B,H], S) -> (read, S)
 
@@ -72,6 +72,6 @@ def chunk_step(
     read_z, z = xla_state_pass(q_t, k_t, ones, gamma_BH, state.z[..., None], deg=deg)
     read = rearrange(jnp.concatenate([read_S, read_z], axis=-1), "B H (g n) e -> B H g n e", n=n)
     read = jnp.where((R_BHn == 0)[:, :, None, :, None], read, 0.0)  # rows after a reset do not read the state
-    intra = intra_chunk(q_BHgnd, k_BHnd, jnp.concatenate([v_BHnd, ones], axis=-1), F_BHn, R_BHn, deg)
+    intra = intra_chunk(q_BHgnd, k_BHnd, with_ones(v_BHnd), F_BHn, R_BHn, deg)
     y = normalise(read + intra)
     return rearrange(y, "B H g n d -> B n (H g) d").astype(v.dtype), RetentionState(S=S, z=z[..., 0])

@@ -22,7 +22,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.power_retention.chunk_math import decay_state, gate_factors, normalise
 from retention.ops.power_retention.gates import chunk_gates
-from retention.ops.power_retention.state import RetentionState, augment, init_state, split
+from retention.ops.power_retention.state import RetentionState, augment, init_state, split, with_ones
 
 
 def _compute_dtype(x):
@@ -110,7 +110,7 @@ def power_retention_recurrence(
     q_TBHgd = rearrange(q.astype(dtype) * scale, "B T (H g) d -> T B H g d", H=H)
     k_TBHd = rearrange(gates.k.astype(dtype), "B T H d -> T B H d")
     v_f = gates.v.astype(dtype)
-    v_TBHe = rearrange(jnp.concatenate([v_f, jnp.ones(v_f.shape[:-1] + (1,), dtype)], axis=-1), "B T H e -> T B H e")
+    v_TBHe = rearrange(with_ones(v_f), "B T H e -> T B H e")
     a_TBH, reset_TBH = (rearrange(x[..., 0], "B T H -> T B H") for x in (gates.F, gates.R))
     state = init_state(B, H, d, deg) if initial_state is None else initial_state
     S_aug = augment(RetentionState(*(x.astype(dtype) for x in state)))

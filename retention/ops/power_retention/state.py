@@ -50,6 +50,11 @@ def clear_rows(state: RetentionState, rows_B) -> RetentionState:
     return jax.tree.map(lambda x: jnp.where(rows_B.reshape((-1,) + (1,) * (x.ndim - 1)), 0.0, x), state)
 
 
+def with_ones(v: Float[Array, "*b e"]) -> Float[Array, "*b e1"]:
+    """[v | 1]: the values with a column of ones appended, so one pass writes or reads S and z together."""
+    return jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+
+
 def augment(state: RetentionState) -> Float[Array, "B H D e"]:
     """S with z appended as its last column: [B, H, D, d+1], so one matmul reads numerator and normaliser."""
     return jnp.concatenate([state.S, state.z[..., None]], axis=-1)

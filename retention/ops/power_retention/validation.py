@@ -5,7 +5,7 @@ naming the argument, the value and what is allowed."""
 import jax.numpy as jnp
 import numpy as np
 
-from retention.ops.validation import FLOAT_DTYPES
+from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_choice, concrete
 
 RETENTION_IMPLS = ("auto", "xla", "pallas", "reference")  # power_retention
@@ -57,3 +57,16 @@ def runtime_gate_checks(log_g) -> list:
         return []
     count = jnp.sum(~(log_g <= 0))
     return [("log_g must be <= 0 and not NaN (debug_checks), got {} positive or NaN entries", count > 0, count)]
+
+
+def check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, impls) -> float:
+    """The checks the full op, its step and its context-parallel form share; returns the resolved scale (1/sqrt(d)
+    for None)."""
+    check_qkv(q, k, v)
+    check_deg(deg)
+    check_log_g(log_g, k)
+    check_segment_ids(segment_ids, *q.shape[:2])
+    check_scale(scale)
+    check_chunk_size(chunk_size)
+    check_choice("impl", impl, impls)
+    return q.shape[-1] ** -0.5 if scale is None else float(scale)

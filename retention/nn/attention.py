@@ -1,0 +1,224 @@
+"""The softmax-attention mixer, full (layer letter A) or over a sliding window (W), and their registry entries.
+
+`__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)`: cache=None is one full-sequence forward
+(the context-parallel op, which gathers K and V, under a mesh whose "sequence" axis splits the tokens); with a
+cache the T tokens are written into it and attend to what it holds; `prefill` runs the full-sequence op on a
+prompt and writes its keys and values into an empty cache.
+Its cache is an AttentionCache: a KVCache of keys and values and each slot's segment id per row (a ring buffer of
+window + n - 1 slots for a sliding window), or with `kv_cache_bits` (8 or 4) a QuantizedKVCache of the same slots
+(retention/ops/attention/quantized.py; one document per row: it keeps no segment ids), and the conv cache. With a
+cache, segment_ids None continues each row's document; attention sees only the keys whose slot has the query's id.
+"""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.conv import QKVConvCache
+from retention.nn.layers import check_heads, check_rope_base
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.qkv import (
+    conv_cache_bytes,
+    conv_taps,
+    make_qkv_parts,
+    mixer_options,
+    project_qkv,
+    qkv_part_params,
+    qkvo_weights,
+)
+from retention.ops import (
+    ATTENTION_IMPLS,
+    KVCache,
+    init_kv_cache,
+    sequence_parallel_size,
+    softmax_attention,
+    softmax_attention_context_parallel,
+    softmax_attention_step,
+)
+from retention.ops.attention import (
+    QuantizedKVCache,
+    check_window,
+    fill_kv_cache,
+    fill_quantized_kv_cache,
+    init_quantized_kv_cache,
+    softmax_attention_step_quantized,
+)
+from retention.ops.attention.quantized import check_quantization, default_group
+from retention.validation import check_choice, check_int
+
+
+class AttentionCache(NamedTuple):
+    """An attention layer's decode cache: its keys and values (KVCache, or QuantizedKVCache with kv_cache_bits)
+    and the conv cache (None without a convolution)."""
+
+    kv: KVCache | QuantizedKVCache
+    conv: QKVConvCache | None
+
+
+def _check_one_document(segment_ids) -> None:
+    """A quantized KV cache holds one document per row (no segment ids): refuse packed or ragged inputs."""
+    if segment_ids is not None:
+        raise NotImplementedError(
+            "segment_ids (packed documents, ragged prompts) with a quantized KV cache (kv_cache_bits) are not "
+            "supported: use kv_cache_bits=None or one document per row"
+        )
+
+
+class Attention(nnx.Module):
+    """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
+    (GQA), an optional causal short convolution on each (conv_size taps, 0: none), optional QK RMSNorm and RoPE,
+    the softmax op, and the output projection. `impl` is the full-sequence op's (one of ATTENTION_IMPLS); the
+    decode step and the context-parallel op have one implementation each. `kv_cache_bits` (None, 8 or 4): the
+    decode cache's keys and values in float (None) or quantized (int8 / 4-bit, a bfloat16 scale per 16 values, or
+    per gcd(16, head_dim)); prefill runs in float and stores the prompt quantized."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        window: int | None = None,
+        qk_norm: bool = False,
+        conv_size: int = 0,
+        rope_base: float | None = 10000.0,
+        impl: str = "auto",
+        kv_cache_bits: int | None = None,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        check_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_rope_base(rope_base, head_dim)
+        check_window(window)
+        if kv_cache_bits is not None:
+            check_quantization(head_dim, kv_cache_bits, default_group(head_dim))
+        self.kv_cache_bits = kv_cache_bits
+        check_choice("impl", impl, ATTENTION_IMPLS)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.window, self.rope_base, self.impl = window, rope_base, impl
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def _out(self, y_BTHd):
+        B, T = y_BTHd.shape[:2]
+        return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
+
+    def __call__(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: AttentionCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], AttentionCache | None]:
+        """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds;
+        segment_ids enter here, and only here. Returns (y [B, T, D], the updated cache or None)."""
+        decode = cache is not None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        options = dict(window=self.window, segment_ids=segment_ids)
+        if not decode and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
+            return self._out(softmax_attention_context_parallel(q, k, v, **options)), None
+        if not decode:
+            return self._out(softmax_attention(q, k, v, **options, impl=self.impl)), None
+        if isinstance(cache.kv, QuantizedKVCache):
+            _check_one_document(segment_ids)
+            y, kv = softmax_attention_step_quantized(cache.kv, q, k, v, window=self.window)
+        else:
+            y, kv = softmax_attention_step(cache.kv, q, k, v, **options)
+        return self._out(y), AttentionCache(kv, conv_cache)
+
+    def prefill(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: AttentionCache,
+    ) -> tuple[Float[Array, "B T D"], AttentionCache]:
+        """A whole prompt at stream positions 0..T-1 into an empty cache (positions: RoPE's): the full-sequence op
+        for y, then the last min(T, slots) keys, values and segment ids written at slots position % slots (a full
+        cache must hold all T)."""
+        T = x_BTD.shape[1]
+        kv = cache.kv
+        L = kv.k.shape[2]  # k is [B, H, L, d]
+        if self.window is None and L < T:
+            raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv, decode=True)
+        y = softmax_attention(q, k, v, window=self.window, segment_ids=segment_ids, impl=self.impl)
+        if isinstance(kv, QuantizedKVCache):
+            _check_one_document(segment_ids)
+            return self._out(y), AttentionCache(fill_quantized_kv_cache(kv, k, v), conv_cache)
+        return self._out(y), AttentionCache(fill_kv_cache(kv, k, v, segment_ids), conv_cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> AttentionCache:
+        """An empty KV cache: max_len slots for full attention; window + step_tokens - 1 for a sliding window
+        (a ring buffer: enough for decode steps of up to step_tokens tokens, at any length), quantized with
+        kv_cache_bits; and the conv cache."""
+        check_int("max_len", max_len)
+        check_int("step_tokens", step_tokens)
+        slots = max_len if self.window is None else self.window + step_tokens - 1
+        if self.kv_cache_bits is not None:
+            group = default_group(self.head_dim)
+            kv = init_quantized_kv_cache(batch, self.kv_heads, self.head_dim, slots, self.kv_cache_bits, group)
+        else:
+            kv = init_kv_cache(batch, self.kv_heads, self.head_dim, slots, dtype)
+        return AttentionCache(kv, None if self.conv is None else self.conv.init_cache(batch, dtype))
+
+
+def _builder(windowed: bool):
+    def build(config, *, rngs: nnx.Rngs) -> Attention:
+        window = config.window if windowed else None
+        options = dict(impl=config.attention_impl, kv_cache_bits=config.kv_cache_bits)
+        return Attention(config.d_model, window=window, **options, **mixer_options(config), rngs=rngs)
+
+    return build
+
+
+def _params(config) -> int:
+    return qkvo_weights(config) + qkv_part_params(config)
+
+
+def _mixing_flops(windowed: bool):
+    def flops(config, T: int) -> float:
+        """2*T*d per query head for causal softmax (averaged over positions), 2*min(window, T)*d for a window,
+        and 2 per convolution tap."""
+        keys = min(config.window, T) if windowed else T
+        return 2 * keys * config.head_dim * config.n_heads + 2 * conv_taps(config)
+
+    return flops
+
+
+def _cache_bytes(windowed: bool):
+    def cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
+        """Keys and values of every slot (float in the compute dtype, or the packed quantized values and their
+        bfloat16 scales), each slot's position, each row's slot segment ids (float cache), the length, and the
+        conv cache."""
+        slots = config.window + step_tokens - 1 if windowed else max_len
+        H, d = config.n_kv_heads, config.head_dim
+        if config.kv_cache_bits is None:
+            kv = 2 * batch * H * slots * d * jnp.dtype(config.dtype).itemsize + 4 * batch * slots
+        else:
+            values = d * config.kv_cache_bits // 8
+            kv = 2 * batch * H * slots * (values + 2 * (d // default_group(d)))
+        return kv + 4 * slots + 4 + conv_cache_bytes(config, batch)
+
+    return cache_bytes
+
+
+FULL_ATTENTION = MixerKind(
+    "full attention", _builder(False), _params, qkvo_weights, _mixing_flops(False), _cache_bytes(False), False
+)
+SLIDING_WINDOW = MixerKind(
+    "sliding-window attention", _builder(True), _params, qkvo_weights, _mixing_flops(True), _cache_bytes(True), True
+)

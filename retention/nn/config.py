@@ -1,0 +1,82 @@
+"""The language model's hyperparameters: `LMConfig`, validated on construction, and the layer pattern's check
+against the mixer registry."""
+
+import dataclasses
+
+from retention.nn.conv import check_conv_size
+from retention.nn.layers import check_heads, check_rope_base
+from retention.nn.power_retention import GATE_BIAS_INIT
+from retention.nn.registry import MIXERS
+from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg
+from retention.ops.attention import KV_CACHE_BITS
+from retention.validation import check_choice, check_int, check_number
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_pattern(pattern, n_layers: int) -> None:
+    """pattern is a non-empty string over the registry's letters, no longer than n_layers: the pattern repeats over the
+    layers, and one cut short would silently drop letters (PPPA at 2 layers is PP, with no attention)."""
+    letters = {letter: kind.name for letter, kind in MIXERS.items()}
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(MIXERS):
+        raise ValueError(f"pattern must be a non-empty string over the letters {letters}, got {pattern!r}")
+    if n_layers < len(pattern):
+        raise ValueError(
+            f"pattern={pattern!r} needs n_layers >= {len(pattern)} (at least one layer per letter; it repeats over "
+            f"the layers), got n_layers={n_layers}, which would build only {pattern[:n_layers]!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+    """Hyperparameters of `LM`; validated on construction (a bad field raises ValueError naming it)."""
+
+    vocab_size: int = 256
+    d_model: int = 512
+    n_layers: int = 8
+    pattern: str = "PPPA"
+    n_heads: int = 8
+    n_kv_heads: int = 8
+    head_dim: int = 64
+    mlp_ratio: float = 8 / 3
+    deg: int = 2
+    window: int = 512
+    rope_base: float | None = 10000.0
+    tie_embeddings: bool = True
+    dtype: str = "float32"  # compute dtype (activations, KV cache); the retention state is always float32
+    param_dtype: str = "float32"
+    gating: bool = True  # P layers: a learnt per-kv-head decay gate
+    gate_bias_init: float = GATE_BIAS_INIT  # P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay)
+    qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
+    conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
+    chunk_size: int | None = None
+    retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
+    attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
+    kv_cache_bits: int | None = None  # the A and W layers' decode cache: float (None) or quantized (8, 4 bits)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "window"):
+            check_int(name, getattr(self, name))
+        check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
+        check_pattern(self.pattern, self.n_layers)
+        check_deg(self.deg)
+        check_number("gate_bias_init", self.gate_bias_init)
+        check_conv_size("conv_size", self.conv_size)
+        check_number("mlp_ratio", self.mlp_ratio, low=0, open_low=True)
+        check_rope_base(self.rope_base, self.head_dim)
+        for name in ("dtype", "param_dtype"):
+            check_choice(name, getattr(self, name), FLOAT_DTYPES)
+        check_chunk_size(self.chunk_size)
+        check_choice("retention_impl", self.retention_impl, RETENTION_IMPLS)
+        check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        check_choice("kv_cache_bits", self.kv_cache_bits, (None, *KV_CACHE_BITS))
+
+    @property
+    def layer_kinds(self) -> str:
+        """The mixer letter of each layer: the pattern repeated over n_layers (every letter appears)."""
+        return "".join(self.pattern[i % len(self.pattern)] for i in range(self.n_layers))
+
+    @property
+    def mlp_hidden(self) -> int:
+        """The SwiGLU hidden width: mlp_ratio * d_model rounded to a multiple of 8."""
+        return 8 * max(1, round(self.mlp_ratio * self.d_model / 8))

@@ -1,0 +1,24 @@
+"""One layer letter's entry in the mixer registry (registry.py): how the LM builds the mixer from an LMConfig and
+the formulas the sizing, the cache accounting and the comparison read. Each mixer module defines its kinds beside
+its class; a formula takes the LMConfig (and lengths) and is exact for the module it describes (tests/nn check
+each against the module's parameters and `cache_bytes` of its `init_cache`)."""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+
+class MixerKind(NamedTuple):
+    """name: what the letter stands for; build(config, *, rngs): the mixer (the interface in docs/DESIGN.md
+    section 3); params(config): its parameter count; matmul_params(config): the weights that
+    multiply activations, per token; mixing_flops(config, T): forward FLOPs per token of the sequence mixing and
+    the short convolution at length T (the rest is 2 per matmul weight); cache_bytes(config, batch, max_len,
+    step_tokens): bytes of its `init_cache(batch, max_len, config.dtype, step_tokens=...)`; fixed_state: whether
+    that is the same at every max_len (a recurrent state) or grows with it (a KV cache)."""
+
+    name: str
+    build: Callable
+    params: Callable[..., int]
+    matmul_params: Callable[..., int]
+    mixing_flops: Callable[..., float]
+    cache_bytes: Callable[..., int]
+    fixed_state: bool

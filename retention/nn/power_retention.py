@@ -1,0 +1,198 @@
+"""The power-retention mixer (layer letter P) and its registry entry.
+
+`__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)`: cache=None is one full-sequence forward
+(the context-parallel op under a mesh whose "sequence" axis splits the tokens); with a cache the T tokens continue
+the sequence it holds, as one call of the step op (`power_retention_step`: one chunk against the state up to the
+chunk size, the chunked op from the state beyond); `prefill` is the same call into an empty cache.
+Its cache is a RetentionCache: the RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any
+length), each row's last segment id and, with `conv_size`, the short convolution's last conv_size - 1 inputs and
+their segment ids. With a cache, segment_ids None continues each row's document; a step whose first token has an
+id other than the row's last one clears that row's state.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.conv import QKVConvCache
+from retention.nn.layers import check_heads, check_rope_base
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.qkv import (
+    conv_cache_bytes,
+    conv_taps,
+    make_qkv_parts,
+    mixer_options,
+    project_qkv,
+    qkv_part_params,
+    qkvo_weights,
+)
+from retention.ops import (
+    RETENTION_IMPLS,
+    RetentionState,
+    check_chunk_size,
+    check_deg,
+    init_state,
+    power_retention,
+    power_retention_context_parallel,
+    power_retention_step,
+    sequence_parallel_size,
+    sympow_dim,
+)
+from retention.ops.power_retention import default_chunk_size
+from retention.ops.power_retention.state import clear_rows
+from retention.validation import check_choice, check_int, check_number
+
+GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
+
+
+class RetentionCache(NamedTuple):
+    """A power-retention layer's decode cache: its state, each row's last segment id (to see a new document
+    coming) and the conv cache (None without a convolution)."""
+
+    state: RetentionState
+    segment_id: Int[Array, " B"]
+    conv: QKVConvCache | None
+
+
+class PowerRetention(nnx.Module):
+    """Power retention mixer: q, k, v projections (GQA), an optional causal short convolution on each (conv_size
+    taps, 0: none), optional QK RMSNorm and RoPE, optional per-kv-head gate log_g = log_sigmoid(x W_g + b_g) with
+    b_g initialised to gate_bias_init, the power retention op, and the output projection. `impl` is the op's (one
+    of RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward only."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        deg: int = 2,
+        gating: bool = True,
+        gate_bias_init: float = GATE_BIAS_INIT,
+        qk_norm: bool = False,
+        conv_size: int = 0,
+        rope_base: float | None = None,
+        chunk_size: int | None = None,
+        impl: str = "auto",
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        check_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_rope_base(rope_base, head_dim)
+        check_deg(deg)
+        check_number("gate_bias_init", gate_bias_init)
+        check_chunk_size(chunk_size)
+        check_choice("impl", impl, RETENTION_IMPLS)
+        self.heads, self.kv_heads, self.head_dim, self.deg = heads, kv_heads, head_dim, deg
+        self.rope_base, self.chunk_size, self.impl = rope_base, chunk_size, impl
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+        self.gate_proj = (
+            nnx.Linear(
+                d_model,
+                kv_heads,
+                bias_init=nnx.initializers.constant(gate_bias_init),
+                dtype=jnp.float32,
+                param_dtype=param_dtype,
+                rngs=rngs,
+            )
+            if gating
+            else None
+        )
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def __call__(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: RetentionCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], RetentionCache | None]:
+        """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
+        T tokens continuing the cache (the step op; rows whose first token starts a new document begin from an
+        empty state). segment_ids enter here, and only here. Returns (y [B, T, D], the new cache or None)."""
+        B, T, _ = x_BTD.shape
+        decode = cache is not None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
+        options = dict(segment_ids=segment_ids, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
+        if decode:
+            state, last_id = cache.state, cache.segment_id
+            if segment_ids is not None:
+                state = clear_rows(state, segment_ids[:, 0] != last_id)
+                last_id = segment_ids[:, -1].astype(jnp.int32)
+                options["segment_ids"] = segment_ids if T > 1 else None  # one token holds no document start
+            y, state = power_retention_step(state, q, k, v, log_g, **options)
+            cache = RetentionCache(state, last_id, conv_cache)
+        elif sequence_parallel_size() > 1:
+            y = power_retention_context_parallel(q, k, v, log_g, **options)
+        else:
+            y = power_retention(q, k, v, log_g, **options)
+        return self.o_proj(y.reshape(B, T, self.heads * self.head_dim)), cache
+
+    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: RetentionCache):
+        """A prompt into a fresh cache: the same as a call with the cache (the step op: one chunk against the state
+        up to the chunk size, the chunked op from the state beyond)."""
+        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionCache:
+        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32, last segment ids 0 [batch], and the
+        conv cache in `dtype` (None: float32): its size does not depend on max_len or step_tokens (taken for the
+        common mixer interface)."""
+        check_int("batch", batch)
+        check_int("max_len", max_len)
+        state = init_state(batch, self.kv_heads, self.head_dim, self.deg)
+        conv = None if self.conv is None else self.conv.init_cache(batch, jnp.float32 if dtype is None else dtype)
+        return RetentionCache(state, jnp.zeros((batch,), jnp.int32), conv)
+
+
+def _build(config, *, rngs: nnx.Rngs) -> PowerRetention:
+    return PowerRetention(
+        config.d_model,
+        deg=config.deg,
+        gating=config.gating,
+        gate_bias_init=config.gate_bias_init,
+        chunk_size=config.chunk_size,
+        impl=config.retention_impl,
+        **mixer_options(config),
+        rngs=rngs,
+    )
+
+
+def _matmul_params(config) -> int:
+    return qkvo_weights(config) + (config.d_model * config.n_kv_heads if config.gating else 0)
+
+
+def _params(config) -> int:
+    return _matmul_params(config) + qkv_part_params(config) + (config.n_kv_heads if config.gating else 0)
+
+
+def _mixing_flops(config, T: int) -> float:
+    """2*D*d per kv head (the state write) and per query head (the read), 2*c*d per query head inside the chunk
+    (DESIGN section 1), and 2 per convolution tap."""
+    Hq, H, d = config.n_heads, config.n_kv_heads, config.head_dim
+    c = config.chunk_size or default_chunk_size(T)
+    return 2 * sympow_dim(d, config.deg) * d * (H + Hq) + 2 * c * d * Hq + 2 * conv_taps(config)
+
+
+def _cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
+    """S and z in float32 (4 * D * (d + 1) per kv head), each row's last segment id, the conv cache."""
+    state = 4 * config.n_kv_heads * sympow_dim(config.head_dim, config.deg) * (config.head_dim + 1)
+    return batch * (state + 4) + conv_cache_bytes(config, batch)
+
+
+POWER_RETENTION = MixerKind(
+    "power retention", _build, _params, _matmul_params, _mixing_flops, _cache_bytes, fixed_state=True
+)

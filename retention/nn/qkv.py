@@ -1,0 +1,76 @@
+"""What every q/k/v mixer shares: the optional parts between the projections and the op (the short convolution
+and QK RMSNorm), the projections themselves with RoPE, and their sizes for the mixer registry's formulas."""
+
+import jax.numpy as jnp
+
+from retention.nn.conv import QKVConv, check_conv_size
+from retention.nn.layers import QKNorm, apply_rope
+
+
+def mixer_options(config) -> dict:
+    """The constructor arguments every mixer takes from an LMConfig (heads, parts, RoPE, dtypes)."""
+    return dict(
+        heads=config.n_heads,
+        kv_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        qk_norm=config.qk_norm,
+        conv_size=config.conv_size,
+        rope_base=config.rope_base,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+    )
+
+
+def qkvo_weights(config) -> int:
+    """Weights of the q, k, v and output projections (GQA: k and v have n_kv_heads heads)."""
+    D, Hq, H, d = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim
+    return 2 * D * Hq * d + 2 * D * H * d
+
+
+def conv_taps(config) -> int:
+    """Kernel weights of one mixer's short convolutions: conv_size per channel of q, k and v."""
+    return config.conv_size * (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+
+
+def qkv_part_params(config) -> int:
+    """Parameters of the optional parts: the convolution taps and QK-norm's two scales of head_dim."""
+    return conv_taps(config) + (2 * config.head_dim if config.qk_norm else 0)
+
+
+def conv_cache_bytes(config, batch: int) -> int:
+    """Bytes of the conv cache (QKVConvCache): the last conv_size - 1 inputs of q, k and v in the compute dtype and
+    their int32 segment ids, per row; 0 without a convolution."""
+    if not config.conv_size:
+        return 0
+    channels = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+    return batch * (config.conv_size - 1) * (channels * jnp.dtype(config.dtype).itemsize + 4)
+
+
+def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, param_dtype, rngs):
+    """The optional pieces between the projections and the op: (QKVConv or None, QKNorm or None)."""
+    check_conv_size("conv_size", conv_size)
+    conv = (
+        QKVConv(heads * head_dim, kv_heads * head_dim, conv_size, param_dtype=param_dtype, rngs=rngs)
+        if conv_size
+        else None
+    )
+    norm = QKNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if qk_norm else None
+    return conv, norm
+
+
+def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool):
+    """q [B, T, Hq, d], k and v [B, T, H, d] of either mixer: projections, the short convolution (continuing
+    `conv_cache` when decoding; within each document of segment_ids [B, T] or None), QK RMSNorm and RoPE as
+    configured; and the new conv cache (None when not decoding or without a convolution)."""
+    B, T, _ = x_BTD.shape
+    q, k, v = mixer.q_proj(x_BTD), mixer.k_proj(x_BTD), mixer.v_proj(x_BTD)
+    if mixer.conv is not None:
+        q, k, v, conv_cache = mixer.conv(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache if decode else None)
+    q = q.reshape(B, T, mixer.heads, mixer.head_dim)
+    k = k.reshape(B, T, mixer.kv_heads, mixer.head_dim)
+    v = v.reshape(B, T, mixer.kv_heads, mixer.head_dim)
+    if mixer.qk_norm is not None:
+        q, k = mixer.qk_norm(q, k)
+    if mixer.rope_base is not None:
+        q, k = apply_rope(q, positions, mixer.rope_base), apply_rope(k, positions, mixer.rope_base)
+    return q, k, v, conv_cache

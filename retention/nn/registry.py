@@ -1,0 +1,13 @@
+"""The mixer registry: one line per layer letter. The LM builds each layer from it, and the sizing
+(sizing.py), the cache accounting, the comparison and the docs read their formulas from it, so a new mixer is an
+op folder under retention/ops/, a mixer module here that defines its class and its MixerKind, and one line below."""
+
+from retention.nn.attention import FULL_ATTENTION, SLIDING_WINDOW
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.power_retention import POWER_RETENTION
+
+MIXERS: dict[str, MixerKind] = {
+    "P": POWER_RETENTION,
+    "A": FULL_ATTENTION,
+    "W": SLIDING_WINDOW,
+}

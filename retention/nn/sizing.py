@@ -1,0 +1,66 @@
+"""Sizes of an LM from its config alone, read from the mixer registry's formulas: parameters, forward FLOPs per
+token, decode-cache bytes, and the width that hits a parameter budget."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from retention.nn.config import LMConfig
+from retention.nn.registry import MIXERS
+from retention.validation import check_int
+
+
+def cache_bytes(cache) -> int:
+    """Total bytes of the arrays (or jax.ShapeDtypeStructs, e.g. from jax.eval_shape) in a cache pytree."""
+    return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
+
+
+def _mlp_params(config: LMConfig) -> int:
+    return 3 * config.d_model * config.mlp_hidden
+
+
+def _matmul_params(config: LMConfig) -> int:
+    """Weights that multiply activations, per token: mixer projections, MLPs and the head (tied or not)."""
+    mixers = sum(MIXERS[kind].matmul_params(config) for kind in config.layer_kinds)
+    return mixers + config.n_layers * _mlp_params(config) + config.vocab_size * config.d_model
+
+
+def count_params(config: LMConfig) -> int:
+    """The parameter count of LM(config), from the config alone (equals LM.param_count())."""
+    D = config.d_model
+    total = config.vocab_size * D * (1 if config.tie_embeddings else 2)
+    total += (2 * config.n_layers + 1) * D  # block norms and the final norm
+    total += config.n_layers * _mlp_params(config)
+    return total + sum(MIXERS[kind].params(config) for kind in config.layer_kinds)
+
+
+def flops_per_token(config: LMConfig, T: int) -> float:
+    """Forward FLOPs per token over a sequence of T tokens (DESIGN section 1): 2 per matmul weight, plus each
+    layer's sequence mixing (its MixerKind's mixing_flops: scores or state, and the short convolution)."""
+    mixing = sum(MIXERS[kind].mixing_flops(config, T) for kind in config.layer_kinds)
+    return 2 * _matmul_params(config) + mixing
+
+
+def decode_cache_bytes(config: LMConfig, batch: int, max_len: int, *, step_tokens: int = 1) -> int:
+    """Bytes of `LM(config).init_caches(batch, max_len, step_tokens=...)`: every layer's cache (its MixerKind's
+    formula) plus the LMCache's length, and each row's segment id and position."""
+    layers = sum(MIXERS[kind].cache_bytes(config, batch, max_len, step_tokens) for kind in config.layer_kinds)
+    return layers + 4 + 8 * batch
+
+
+def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
+    """`base` with d_model (a multiple of `multiple`; heads, head dim and layers kept) chosen so the parameter
+    count is as close as possible to `target_params`: sizes softmax, retention and hybrid models alike."""
+    check_int("target_params", target_params)
+    check_int("multiple", multiple)
+    with_width = lambda width: dataclasses.replace(base, d_model=width)
+    lo, hi = 1, 2
+    while count_params(with_width(hi * multiple)) < target_params:  # the count grows with d_model
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if count_params(with_width(mid * multiple)) < target_params else (lo, mid)
+    best = min((lo, hi), key=lambda m: abs(count_params(with_width(m * multiple)) - target_params))
+    return with_width(best * multiple)

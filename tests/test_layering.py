@@ -1,0 +1,90 @@
+"""The house's import rules, read from the source: every import runs downhill (validation <- ops, parallel, data <-
+nn <- train <- the face: run, export, generation), the Pallas kernels import nothing of `retention` and are reached
+only through the power-retention op's pallas.py, and `import retention.ops` loads neither the trainer's libraries
+nor Flax."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LAYERS = {
+    "retention.validation": 0,
+    "retention.ops": 1,
+    "retention.parallel": 1,
+    "retention.data": 1,
+    "retention.nn": 2,
+    "retention.train": 3,
+    "retention.run": 4,
+    "retention.export": 4,
+    "retention.generation": 4,
+}
+KERNELS_IMPORTER = "retention/ops/power_retention/pallas.py"
+
+
+def _layer(module: str) -> int | None:
+    """The layer of a dotted module name under retention (None outside it, or the package face itself)."""
+    parts = module.split(".")
+    for n in (2, 1):
+        if ".".join(parts[:n]) in LAYERS:
+            return LAYERS[".".join(parts[:n])]
+    return None
+
+
+def _imports(path: pathlib.Path) -> list[str]:
+    """The absolute module names a source file imports."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def _sources(folder: str):
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def test_imports_run_downhill():
+    uphill = []
+    for path in _sources("retention"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        own = _layer(module)
+        if own is None:
+            continue
+        for name in _imports(path):
+            other = _layer(name)
+            if other is not None and other > own:
+                uphill.append(f"{module} imports {name}")
+    assert not uphill, uphill
+
+
+def test_kernels_are_a_leaf_reached_through_one_file():
+    for path in _sources("pallas_kernels"):
+        assert not [n for n in _imports(path) if n.split(".")[0] == "retention"], path
+    importers = [
+        str(path.relative_to(ROOT))
+        for path in _sources("retention")
+        if any(n.split(".")[0] == "pallas_kernels" for n in _imports(path))
+    ]
+    assert importers == [KERNELS_IMPORTER]
+
+
+def test_the_ops_load_without_the_trainer_or_flax():
+    code = (
+        "import sys, retention, retention.ops\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'orbax', 'hydra', 'omegaconf', 'optax', 'flax'})\n"
+        "print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_face_names_load_on_first_use():
+    import retention
+
+    for name in retention.__all__:
+        assert getattr(retention, name) is not None
+    assert callable(retention.generate) and callable(retention.load_run)
