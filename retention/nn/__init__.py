@@ -4,6 +4,7 @@ registry.py), the language model (model.py), its config (config.py) and its size
 from retention.nn.attention import Attention, AttentionCache
 from retention.nn.config import LMConfig
 from retention.nn.gated_deltanet import GatedDeltaNet
+from retention.nn.gla import GatedLinearAttention
 from retention.nn.matrix_state import MatrixStateCache
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.model import LM, LMCache
@@ -17,6 +18,7 @@ __all__ = [
     "Attention",
     "AttentionCache",
     "GatedDeltaNet",
+    "GatedLinearAttention",
     "LMCache",
     "LMConfig",
     "MatrixStateCache",

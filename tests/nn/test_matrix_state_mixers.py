@@ -10,12 +10,12 @@ import optax
 import pytest
 from flax import nnx
 
-from retention.nn import LM, GatedDeltaNet, cache_bytes
+from retention.nn import LM, GatedDeltaNet, GatedLinearAttention, cache_bytes
 from tests.helpers import rel_err
 from tests.nn.test_model import DOCS, TINY, _alone, _packed, tokens
 
 DIMS = dict(heads=4, kv_heads=2, head_dim=8)
-MIXERS = {"D": GatedDeltaNet}
+MIXERS = {"D": GatedDeltaNet, "G": GatedLinearAttention}
 
 
 @pytest.mark.parametrize("letter", MIXERS)
