@@ -1,12 +1,16 @@
-"""Op-level speed: chunked power retention against blockwise softmax attention, forward and forward+backward,
-decode per token in a compiled loop, state bytes against KV-cache bytes, achieved GFLOP/s against a matmul rate
-measured in the same run. Prints a table and writes JSON.
+"""Op-level speed: chunked power retention against blockwise softmax attention and the matrix-state ops (linear
+attention, GLA, the gated delta rule), forward and forward+backward, decode per token in a compiled loop, state
+bytes against KV-cache bytes, achieved GFLOP/s against a matmul rate measured in the same run. Prints a table and
+writes JSON.
 
     python -m experiments.op_speed            # T = 1k .. 64k (about 25 minutes on 2 cores)
     python -m experiments.op_speed --quick    # T = 1k .. 4k (about a minute)
+    python -m experiments.op_speed --lengths 1024 4096 --skip-decode --merge   # add rows to the JSON
 
 FLOP counts (DESIGN section 1, per head): power forward 4*T*D*d (state write and read) + 2*T*c*d (inside
-chunks); causal softmax forward 2*T^2*d. Forward+backward counts 3x the forward for both.
+chunks); causal softmax forward 2*T^2*d; the matrix-state ops 2*T*c*(d_k + d_v) inside chunks plus 4*T*d_k*d_v
+for the state (the delta rule twice both, for its keys' Gram matrix, W S and the solve). Forward+backward counts
+3x the forward for all.
 """
 
 import argparse
@@ -20,8 +24,11 @@ from tqdm import tqdm
 from experiments.formatting import human_bytes
 from experiments.timing import matmul_gflops, median_seconds
 from retention import (
+    gated_delta_rule,
+    gated_linear_attention,
     init_kv_cache,
     init_state,
+    linear_attention,
     power_retention,
     power_retention_step,
     softmax_attention,
@@ -36,6 +43,31 @@ def power_flops(T, H, d, deg, chunk):
 
 def softmax_flops(T, H, d):
     return H * 2 * T * T * d
+
+
+def matrix_state_flops(T, H, d, chunk, delta_rule=False):
+    return (2 if delta_rule else 1) * H * (2 * T * chunk * 2 * d + 4 * T * d * d)
+
+
+MATRIX_STATE_CHUNK = 64
+MATRIX_STATE_OPS = ("linear_attention", "gla", "gated_delta_rule")
+
+
+def matrix_state_variants(B, T, H, d):
+    """(name, op(q, k, v), flops) of each matrix-state op at chunk 64 with gates made from the inputs but not
+    differentiated (log-sigmoid decays of v, beta a sigmoid of k; inputs, not constants, so XLA does not fold
+    them at compile time) and the delta rule's keys L2-normalised inside the op call (as its mixer)."""
+    c = MATRIX_STATE_CHUNK
+    log_g = lambda v: jax.nn.log_sigmoid(4.0 + jax.lax.stop_gradient(v))
+    beta = lambda k: jax.nn.sigmoid(jax.lax.stop_gradient(k[..., 0]))
+    unit = lambda k: k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    ops = {
+        "linear_attention": lambda q, k, v: linear_attention(q, k, v, log_g(v)[..., 0], chunk_size=c),
+        "gla": lambda q, k, v: gated_linear_attention(q, k, v, log_g(v), chunk_size=c),
+        "gated_delta_rule": lambda q, k, v: gated_delta_rule(q, unit(k), v, beta(k), log_g(v)[..., 0], chunk_size=c),
+    }
+    flops = lambda name: matrix_state_flops(T, H, d, c, delta_rule=name == "gated_delta_rule")
+    return [(f"{name} c={c}", op, flops(name)) for name, op in ops.items()]
 
 
 def train_fns(op):
@@ -53,6 +85,7 @@ def time_training(args, T, rows):
         for c in args.chunks
     ]
     variants.append(("softmax blockwise", lambda q, k, v: softmax_attention(q, k, v), softmax_flops(T, H, d)))
+    variants += [v for v in matrix_state_variants(B, T, H, d) if v[0].split()[0] in args.matrix_state_ops]
     for name, op, flops in variants:
         fwd, fwd_bwd = train_fns(op)
         t_f = median_seconds(fwd, q, k, v, repeats=args.repeats)
@@ -146,8 +179,15 @@ def print_tables(rows, peak):
     for T in sorted({r["T"] for r in rows if r["kind"] == "train"}):
         at_T = [r for r in rows if r["kind"] == "train" and r["T"] == T]
         power = min(r["fwd_bwd_s"] for r in at_T if r["name"].startswith("power"))
-        soft = min(r["fwd_bwd_s"] for r in at_T if not r["name"].startswith("power"))
+        soft = min(r["fwd_bwd_s"] for r in at_T if r["name"].startswith(("softmax", "torch")))
         print(f"{T:>7}{power:>22.3f}{soft:>19.3f}{soft / power:>10.1f}")
+    matrix_state = [r for r in rows if r["kind"] == "train" and r["name"].split()[0] in MATRIX_STATE_OPS]
+    if matrix_state:
+        print(f"\n{'matrix-state op':<26}{'T':>7}{'fwd+bwd s':>11}{'/ best power':>14}")
+        for r in matrix_state:
+            at_T = [p for p in rows if p["kind"] == "train" and p["T"] == r["T"] and p["name"].startswith("power")]
+            power = min(p["fwd_bwd_s"] for p in at_T)
+            print(f"{r['name']:<26}{r['T']:>7}{r['fwd_bwd_s']:>11.3f}{r['fwd_bwd_s'] / power:>14.2f}")
     header = f"{'context':>8}{'power ms/tok':>14}{'KV ms/tok':>11}{'speed-up':>10}{'state':>10}{'KV cache':>12}"
     print(f"\n{header}{'bytes x':>9}")
     for r in (r for r in rows if r["kind"] == "decode"):
@@ -167,6 +207,9 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--matrix-state-ops", nargs="*", default=list(MATRIX_STATE_OPS), choices=MATRIX_STATE_OPS)
+    parser.add_argument("--skip-decode", action="store_true", help="time training only")
+    parser.add_argument("--merge", action="store_true", help="keep the JSON's rows; add the rows it does not have")
     parser.add_argument("--out", default="results/op_speed.json")
     args = parser.parse_args(argv)
     for name in ("batch", "heads", "head_dim", "repeats", "decode_tokens"):
@@ -179,15 +222,24 @@ def main(argv=None):
     rows = []
     for T in tqdm(lengths, desc="training lengths"):
         time_training(args, T, rows)
-    for context in tqdm(contexts, desc="decode contexts"):
+    for context in [] if args.skip_decode else tqdm(contexts, desc="decode contexts"):
         time_decode(args, context, rows)
     print_tables(rows, peak)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     machine = dict(
         backend=jax.default_backend(), devices=[str(x) for x in jax.devices()], cpus=os.cpu_count(), jax=jax.__version__
     )
+    result = dict(machine=machine, config=vars(args), matmul_gflops=peak, rows=rows)
+    if args.merge and os.path.exists(args.out):
+        with open(args.out) as f:
+            result = json.load(f)
+        key = lambda r: (r["kind"], r.get("name"), r["T"])
+        known = {key(r) for r in result["rows"]}
+        added = [r for r in rows if key(r) not in known]
+        result["rows"] += added
+        result.setdefault("merged", []).append(dict(config=vars(args), matmul_gflops=peak, rows=len(added)))
     with open(args.out, "w") as f:
-        json.dump(dict(machine=machine, config=vars(args), matmul_gflops=peak, rows=rows), f, indent=1)
+        json.dump(result, f, indent=1)
     print(f"\nwrote {args.out}")
 
 

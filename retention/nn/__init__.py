@@ -3,6 +3,9 @@ registry.py), the language model (model.py), its config (config.py) and its size
 
 from retention.nn.attention import Attention, AttentionCache
 from retention.nn.config import LMConfig
+from retention.nn.gated_deltanet import GatedDeltaNet
+from retention.nn.gla import GatedLinearAttention
+from retention.nn.matrix_state import MatrixStateCache
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.model import LM, LMCache
 from retention.nn.power_retention import PowerRetention, RetentionCache
@@ -14,8 +17,11 @@ __all__ = [
     "MIXERS",
     "Attention",
     "AttentionCache",
+    "GatedDeltaNet",
+    "GatedLinearAttention",
     "LMCache",
     "LMConfig",
+    "MatrixStateCache",
     "MixerKind",
     "PowerRetention",
     "RetentionCache",

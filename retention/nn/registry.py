@@ -3,6 +3,8 @@
 op folder under retention/ops/, a mixer module here that defines its class and its MixerKind, and one line below."""
 
 from retention.nn.attention import FULL_ATTENTION, SLIDING_WINDOW
+from retention.nn.gated_deltanet import GATED_DELTANET
+from retention.nn.gla import GLA
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.power_retention import POWER_RETENTION
 
@@ -10,4 +12,6 @@ MIXERS: dict[str, MixerKind] = {
     "P": POWER_RETENTION,
     "A": FULL_ATTENTION,
     "W": SLIDING_WINDOW,
+    "D": GATED_DELTANET,
+    "G": GLA,
 }

@@ -1,7 +1,8 @@
 """Pure functions on arrays, one folder per op: power retention (`power_retention/`: chunked, recurrent, Pallas,
-reference, context parallel), the softmax baselines (`attention/`) and the short convolution (`conv/`); the checks
-they share (validation.py), the platform they target (platform.py) and the mesh helpers of their context-parallel
-forms (sequence_parallel.py)."""
+reference, context parallel), the softmax baselines (`attention/`), the field's matrix-state ops
+(`linear_attention/`, `gated_linear_attention/`, `gated_delta_rule/`, sharing matrix_state.py) and the short
+convolution (`conv/`); the checks they share (validation.py), the platform they target (platform.py) and the mesh
+helpers of their context-parallel forms (sequence_parallel.py)."""
 
 from retention.ops.attention import (
     ATTENTION_IMPLS,
@@ -12,6 +13,10 @@ from retention.ops.attention import (
     softmax_attention_step,
 )
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
+from retention.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
+from retention.ops.gated_linear_attention import gated_linear_attention, gated_linear_attention_step
+from retention.ops.linear_attention import linear_attention, linear_attention_step
+from retention.ops.matrix_state import init_matrix_state
 from retention.ops.platform import lowering_for
 from retention.ops.power_retention import (
     CHUNK_SIZES,
@@ -39,8 +44,15 @@ __all__ = [
     "causal_conv_context_parallel",
     "check_chunk_size",
     "check_deg",
+    "gated_delta_rule",
+    "gated_delta_rule_step",
+    "gated_linear_attention",
+    "gated_linear_attention_step",
     "init_kv_cache",
+    "init_matrix_state",
     "init_state",
+    "linear_attention",
+    "linear_attention_step",
     "lowering_for",
     "power_retention",
     "power_retention_context_parallel",

@@ -12,8 +12,9 @@ from retention.validation import check_number, concrete
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64)
 
 
-def check_qkv(q, k, v) -> None:
-    """q [B, T, Hq, d], k and v [B, T, H, d], one floating dtype, every size >= 1, Hq % H == 0."""
+def check_qkv(q, k, v, *, any_value_dim: bool = False) -> None:
+    """q [B, T, Hq, d], k and v [B, T, H, d], one floating dtype, every size >= 1, Hq % H == 0; with
+    `any_value_dim` v may be [B, T, H, d_v] of any d_v (the matrix-state ops)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"{name} must have rank 4 [B, T, heads, d], got shape {getattr(x, 'shape', None)}")
@@ -23,7 +24,9 @@ def check_qkv(q, k, v) -> None:
             raise ValueError(f"{name} must have every size (B, T, heads, d) >= 1, got shape {x.shape}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    if k.shape != v.shape:
+    if any_value_dim and k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k [B, T, H, d_k] and v [B, T, H, d_v] must agree on B, T, H, got k {k.shape}, v {v.shape}")
+    if not any_value_dim and k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape [B, T, H, d], got k {k.shape} and v {v.shape}")
     B, T, Hq, d = q.shape
     if k.shape[0] != B or k.shape[1] != T or k.shape[3] != d:

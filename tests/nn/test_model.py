@@ -29,7 +29,7 @@ def tokens(key, B, T, vocab):
     return jax.random.randint(jax.random.key(key), (B, T), 0, vocab, dtype=jnp.int32)
 
 
-@pytest.mark.parametrize("pattern, conv_size", [("A", 0), ("W", 4), ("P", 0), ("P", 4), ("PPPA", 4)])
+@pytest.mark.parametrize("pattern, conv_size", [("A", 0), ("W", 4), ("P", 0), ("P", 4), ("PPPA", 4), ("DA", 4)])
 def test_prefill_then_decode_equals_forward(pattern, conv_size):
     """Prefill 17 tokens (the chunked path for P: past the chunk of 16), then decode the other 12 one at a time
     and 3 at a time; the window of 5 makes the W ring buffer wrap. Logits equal one full forward of 29."""

@@ -123,24 +123,28 @@ def _layout(case: Case):
     return gather, scatter, first, last
 
 
-def separately(case: Case, fn):
-    """A path (q, k, v, log_g, state0) -> (y, state) for the packed case that runs fn(q, k, v, log_g, state0) on
-    each document alone: documents as batch rows, padded at their end with zero keys, values and gates (which
-    change neither their rows nor their final state), the initial state entering each row's first document."""
+def separately(case, fn):
+    """A path (*tokens, state0) -> (y, state) for the packed case that runs fn(*tokens, state0) on each document
+    alone (tokens: q, k, v, then per-token arrays [B, T, ...] such as log_g, each possibly None; the state any
+    pytree of [B, ...] arrays): documents as batch rows, padded at their end with zero keys, values and gates
+    (which change neither their rows nor their final state), the initial state entering each row's first
+    document."""
     gather, scatter, first, last = _layout(case)
 
     def to_rows(x):
+        if x is None:
+            return None
         flat = x.reshape((-1,) + x.shape[2:])
         return jnp.concatenate([flat, jnp.zeros_like(flat[:1])])[gather]
 
-    def path(q, k, v, log_g, state0):
-        state_rows = None
-        if state0 is not None:
-            zeros = lambda x: jnp.zeros((len(gather),) + x.shape[1:], x.dtype)
-            state_rows = RetentionState(*(zeros(x).at[first].set(x) for x in state0))
-        y, state = fn(*map(to_rows, (q, k, v)), None if log_g is None else to_rows(log_g), state_rows)
+    def path(*args):
+        *tokens, state0 = args
+        zeros = lambda x: jnp.zeros((len(gather),) + x.shape[1:], x.dtype)
+        state_rows = None if state0 is None else jax.tree.map(lambda x: zeros(x).at[first].set(x), state0)
+        y, state = fn(*map(to_rows, tokens), state_rows)
+        q = tokens[0]
         y = y.reshape((-1,) + y.shape[2:])[scatter].reshape(q.shape[:2] + y.shape[2:])
-        return y, None if state is None else RetentionState(*(x[last] for x in state))
+        return y, None if state is None else jax.tree.map(lambda x: x[last], state)
 
     return path
 

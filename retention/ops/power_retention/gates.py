@@ -40,7 +40,7 @@ class ChunkGates(NamedTuple):
 def document_starts(segment_ids: Int[Array, "B T"]) -> Bool[Array, "B T"]:
     """True where a token's segment id differs from the previous token's (never at token 0)."""
     change = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.zeros_like(change[:, :1]), change], axis=1)
+    return jnp.concatenate([jnp.zeros((segment_ids.shape[0], 1), bool), change], axis=1)  # [B, 1] for T = 1 too
 
 
 def _document_cumsum(a: Float[Array, "... c"], R: Int[Array, "... c"]) -> Float[Array, "... c"]:

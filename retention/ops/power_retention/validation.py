@@ -14,9 +14,9 @@ CHUNK_SIZES = (16, 32, 64, 128, 256, 512, 1024)
 DEFAULT_CHUNK_SIZE = 128  # fastest measured on CPU at d=64 (experiments/PERF_LOG.md)
 
 
-def default_chunk_size(T: int) -> int:
-    """128, or the smallest allowed chunk that holds all of a shorter sequence."""
-    return next((c for c in CHUNK_SIZES if c >= min(T, DEFAULT_CHUNK_SIZE)), DEFAULT_CHUNK_SIZE)
+def default_chunk_size(T: int, preferred: int = DEFAULT_CHUNK_SIZE) -> int:
+    """`preferred` (128), or the smallest allowed chunk that holds all of a shorter sequence."""
+    return next((c for c in CHUNK_SIZES if c >= min(T, preferred)), preferred)
 
 
 def check_chunk_size(chunk_size) -> None:
@@ -32,20 +32,22 @@ def check_deg(deg) -> None:
         raise ValueError(f"deg must be an even integer >= 2 (2, 4, ...), got {deg!r}")
 
 
-def check_log_g(log_g, k) -> None:
-    """log_g is None or [B, T, H] like k's first three axes, floating, and (when its values are known) <= 0 or NaN:
-    -inf is a reset; a positive gate raises here, and gives NaN rows where the values are traced."""
+def check_log_g(log_g, k, *, per_channel: bool = False) -> None:
+    """log_g is None or [B, T, H] like k's first three axes ([B, T, H, d_k] like k with `per_channel`), floating,
+    and (when its values are known) <= 0 or NaN: -inf is a reset; a positive gate raises here, and gives NaN rows
+    where the values are traced."""
     if log_g is None:
         return
-    if getattr(log_g, "shape", None) != tuple(k.shape[:3]):
-        raise ValueError(f"log_g must have shape [B, T, H] = {tuple(k.shape[:3])}, got {getattr(log_g, 'shape', None)}")
+    shape, axes = (tuple(k.shape), "[B, T, H, d_k]") if per_channel else (tuple(k.shape[:3]), "[B, T, H]")
+    if getattr(log_g, "shape", None) != shape:
+        raise ValueError(f"log_g must have shape {axes} = {shape}, got {getattr(log_g, 'shape', None)}")
     if log_g.dtype not in FLOAT_DTYPES:
         raise TypeError(f"log_g must be a floating dtype (float32 preferred), got {log_g.dtype}")
     values = concrete(log_g)
     if values is not None and (values > 0).any():
         where = tuple(int(i) for i in np.argwhere(values > 0)[0])
         raise ValueError(
-            f"log_g must be <= 0 (a log-gate; -inf is a reset), got {float(values[where])} at [b, t, h] = {where}"
+            f"log_g must be <= 0 (a log-gate; -inf is a reset), got {float(values[where])} at index {where}"
         )
 
 

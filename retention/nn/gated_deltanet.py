@@ -1,0 +1,159 @@
+"""The Gated DeltaNet mixer (layer letter D; Yang, Kautz and Hatamizadeh 2024) and its registry entry.
+
+As the paper builds it: q, k, v projections, the optional short convolution (`conv_size`) on each, SiLU, q and k
+L2-normalised per head; beta = sigmoid(x W_beta) and the Mamba2-style decay log_g = -exp(A_log) softplus(x W_a +
+dt_bias) per kv-head; the gated delta rule (`retention.ops.gated_delta_rule`); a per-head RMSNorm of the output
+gated by SiLU(x W_gate); the output projection. No RoPE (the recurrence orders the tokens).
+
+`__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)` as the power-retention mixer: cache=None
+is the full forward (the chunked op); with a cache the T tokens continue the sequence it holds through the step
+op; `prefill` is the same call into an empty cache. Its cache (MatrixStateCache): the state S [B, H, d, d]
+float32, the same size at any length, each row's last segment id, and the conv cache.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.layers import check_heads
+from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.qkv import conv_taps, make_qkv_parts, project_qkv, qkv_part_params, qkvo_weights
+from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
+from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
+from retention.ops.power_retention.validation import default_chunk_size
+from retention.validation import check_int
+
+DT_RANGE = (1e-3, 1e-1)  # the decay's initial step sizes, log-uniform (Mamba2's)
+A_RANGE = (1.0, 16.0)  # its initial rates A = exp(A_log), uniform
+
+
+def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+class GatedDeltaNet(nnx.Module):
+    """The Gated DeltaNet mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)),
+    conv_size taps of short convolution (0: none), optional QK RMSNorm before the L2 normalisation."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: bool = False,
+        conv_size: int = 0,
+        chunk_size: int | None = None,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        check_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_chunk_size(chunk_size)
+        self.heads, self.kv_heads, self.head_dim, self.chunk_size = heads, kv_heads, head_dim, chunk_size
+        self.rope_base = None
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+        self.gate_proj = linear(d_model, heads * head_dim)
+        f32_linear = lambda o: nnx.Linear(d_model, o, use_bias=False, param_dtype=param_dtype, rngs=rngs)
+        self.beta_proj, self.a_proj = f32_linear(kv_heads), f32_linear(kv_heads)
+        low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
+        log_dt = jax.random.uniform(rngs.params(), (kv_heads,), minval=low, maxval=high)
+        dt = jnp.exp(log_dt)
+        self.dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype))  # softplus(dt_bias) = dt
+        A = jax.random.uniform(rngs.params(), (kv_heads,), minval=A_RANGE[0], maxval=A_RANGE[1])
+        self.A_log = nnx.Param(jnp.log(A).astype(param_dtype))
+        self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def __call__(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: MatrixStateCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
+        """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
+        begin from an empty state). Returns (y [B, T, D], the new cache or None)."""
+        B, T, _ = x_BTD.shape
+        decode = cache is not None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        q, k, v = _l2_normalise(jax.nn.silu(q)), _l2_normalise(jax.nn.silu(k)), jax.nn.silu(v)
+        x32 = x_BTD.astype(jnp.float32)
+        beta = jax.nn.sigmoid(self.beta_proj(x32))
+        log_g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.a_proj(x32) + self.dt_bias[...])
+        o, cache = run_mixing(
+            "GatedDeltaNet",
+            gated_delta_rule,
+            gated_delta_rule_step,
+            (q, k, v, beta, log_g),
+            cache=cache,
+            conv_cache=conv_cache,
+            segment_ids=segment_ids,
+            chunk_size=self.chunk_size,
+        )
+        gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
+        o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)
+        return self.o_proj(o.reshape(B, T, self.heads * self.head_dim)), cache
+
+    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
+        """A prompt into a fresh cache: the same as a call with the cache."""
+        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
+        """An empty state [batch, kv_heads, head_dim, head_dim] float32, last segment ids 0 [batch], the conv cache
+        in `dtype` (None: float32): the same size at any max_len and step_tokens."""
+        return init_matrix_cache(self, batch, max_len, dtype)
+
+
+def _build(config, *, rngs: nnx.Rngs) -> GatedDeltaNet:
+    return GatedDeltaNet(
+        config.d_model,
+        heads=config.n_heads,
+        kv_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        qk_norm=config.qk_norm,
+        conv_size=config.conv_size,
+        chunk_size=config.chunk_size,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        rngs=rngs,
+    )
+
+
+def _matmul_params(config) -> int:
+    """q, k, v, o; beta and the decay's step (one per kv-head); the output gate (one per query channel)."""
+    D = config.d_model
+    return qkvo_weights(config) + 2 * D * config.n_kv_heads + D * config.n_heads * config.head_dim
+
+
+def _params(config) -> int:
+    """The matmul weights, the conv and QK-norm parts, A_log and dt_bias per kv-head, the output norm's scale."""
+    return _matmul_params(config) + qkv_part_params(config) + 2 * config.n_kv_heads + config.head_dim
+
+
+def _mixing_flops(config, T: int) -> float:
+    """Per token: the state write 2 d^2 per kv head and its correction W S another 2 d^2, the read 2 d^2 per query
+    head; inside the chunk 2 c d for the keys' Gram matrix and the triangular solve per kv head, 4 c d per query head
+    (scores and their product with U); 2 per convolution tap."""
+    Hq, H, d = config.n_heads, config.n_kv_heads, config.head_dim
+    c = config.chunk_size or default_chunk_size(T, PREFERRED_CHUNK)
+    return 4 * d * d * H + 2 * d * d * Hq + 2 * c * d * H + 4 * c * d * Hq + 2 * conv_taps(config)
+
+
+GATED_DELTANET = MixerKind(
+    "Gated DeltaNet", _build, _params, _matmul_params, _mixing_flops, matrix_cache_bytes, fixed_state=True
+)

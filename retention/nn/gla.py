@@ -1,0 +1,138 @@
+"""The gated linear attention mixer (layer letter G; Yang, Wang, Shen, Panda and Kim 2023) and its registry entry.
+
+As the paper builds it: q, k, v projections (the optional short convolution, `conv_size`, on each: the paper has
+none, the config may add one); a data-dependent decay per key channel from a low-rank projection,
+log_g = log_sigmoid(x W_1 W_2 + b) / GATE_NORMALISER; gated linear attention (`retention.ops.gated_linear_attention`);
+a per-head RMSNorm of the output gated by SiLU(x W_gate); the output projection. No RoPE.
+
+`__call__`, `prefill` and the cache (MatrixStateCache: S [B, H, d, d] float32, each row's last segment id, the
+conv cache) as the Gated DeltaNet mixer's (`matrix_state.py`).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.layers import check_heads
+from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.qkv import conv_taps, make_qkv_parts, project_qkv, qkv_part_params, qkvo_weights
+from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
+from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
+from retention.ops.power_retention.validation import default_chunk_size
+from retention.validation import check_int
+
+GATE_RANK = 16  # the decay's low-rank projection (the paper's)
+GATE_NORMALISER = 16.0  # log-gates divided by this: decays start near 1 (the paper's)
+
+
+class GatedLinearAttention(nnx.Module):
+    """The GLA mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)), conv_size
+    taps of short convolution (0: none), optional QK RMSNorm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: bool = False,
+        conv_size: int = 0,
+        chunk_size: int | None = None,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        check_int("d_model", d_model)
+        check_heads(heads, kv_heads, head_dim)
+        check_chunk_size(chunk_size)
+        self.heads, self.kv_heads, self.head_dim, self.chunk_size = heads, kv_heads, head_dim, chunk_size
+        self.rope_base = None
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.q_proj = linear(d_model, heads * head_dim)
+        self.k_proj = linear(d_model, kv_heads * head_dim)
+        self.v_proj = linear(d_model, kv_heads * head_dim)
+        self.o_proj = linear(heads * head_dim, d_model)
+        self.gate_proj = linear(d_model, heads * head_dim)
+        self.decay_down = nnx.Linear(d_model, GATE_RANK, use_bias=False, param_dtype=param_dtype, rngs=rngs)
+        self.decay_up = nnx.Linear(GATE_RANK, kv_heads * head_dim, param_dtype=param_dtype, rngs=rngs)
+        self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        self.conv, self.qk_norm = make_qkv_parts(
+            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
+
+    def __call__(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: MatrixStateCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
+        """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
+        begin from an empty state). Returns (y [B, T, D], the new cache or None)."""
+        B, T, _ = x_BTD.shape
+        decode = cache is not None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        gate_logits = self.decay_up(self.decay_down(x_BTD.astype(jnp.float32)))
+        log_g = jax.nn.log_sigmoid(gate_logits).reshape(B, T, self.kv_heads, self.head_dim) / GATE_NORMALISER
+        o, cache = run_mixing(
+            "GatedLinearAttention",
+            gated_linear_attention,
+            gated_linear_attention_step,
+            (q, k, v, log_g),
+            cache=cache,
+            conv_cache=conv_cache,
+            segment_ids=segment_ids,
+            chunk_size=self.chunk_size,
+        )
+        gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
+        o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)
+        return self.o_proj(o.reshape(B, T, self.heads * self.head_dim)), cache
+
+    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
+        """A prompt into a fresh cache: the same as a call with the cache."""
+        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
+        """An empty state (`matrix_state.init_matrix_cache`): the same size at any max_len and step_tokens."""
+        return init_matrix_cache(self, batch, max_len, dtype)
+
+
+def _build(config, *, rngs: nnx.Rngs) -> GatedLinearAttention:
+    return GatedLinearAttention(
+        config.d_model,
+        heads=config.n_heads,
+        kv_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        qk_norm=config.qk_norm,
+        conv_size=config.conv_size,
+        chunk_size=config.chunk_size,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        rngs=rngs,
+    )
+
+
+def _matmul_params(config) -> int:
+    """q, k, v, o; the decay's two low-rank factors; the output gate (one per query channel)."""
+    D, H, d = config.d_model, config.n_kv_heads, config.head_dim
+    return qkvo_weights(config) + GATE_RANK * (D + H * d) + D * config.n_heads * d
+
+
+def _params(config) -> int:
+    """The matmul weights, the conv and QK-norm parts, the decay's bias (one per key channel), the norm's scale."""
+    return _matmul_params(config) + qkv_part_params(config) + config.n_kv_heads * config.head_dim + config.head_dim
+
+
+def _mixing_flops(config, T: int) -> float:
+    """Per token: the state write 2 d^2 per kv head and the read 2 d^2 per query head; inside the chunk 4 c d per
+    query head (scores and their product with v); 2 per convolution tap."""
+    Hq, H, d = config.n_heads, config.n_kv_heads, config.head_dim
+    c = config.chunk_size or default_chunk_size(T, PREFERRED_CHUNK)
+    return 2 * d * d * (H + Hq) + 4 * c * d * Hq + 2 * conv_taps(config)
+
+
+GLA = MixerKind("gated linear attention", _build, _params, _matmul_params, _mixing_flops, matrix_cache_bytes, True)

@@ -1,0 +1,86 @@
+"""The chunked gated delta rule (Gated DeltaNet) in plain JAX, by the WY/UT representation.
+
+S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = scale S_t^T q_t. Equivalently
+S_t = exp(g_t) S_{t-1} + k_t u_t^T with u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t). Inside a chunk of c tokens
+from the state S (F the cumulative log-gates, R the reset counts: `matrix_state.chunk_gates`; D_ij =
+exp(F_i - F_j) for j <= i in one document, `power_retention.chunk_math.causal_decay`):
+    (I + L) U~ = diag(beta) V - diag(beta exp(F)) K S,   L_ij = beta_i (k_i . k_j) D_ij for j < i,
+a unit lower-triangular system, solved once per chunk for both right-hand sides: U = (I + L)^-1 diag(beta) V and
+W = (I + L)^-1 diag(beta exp(F)) K, so that U~ = U - W S. Then
+    o = exp(F) Q S + (Q K^T * D) U~,    S' = exp(F_end) S + (K * exp(F_end - F))^T U~,
+with the masks of `power_retention.chunk_math.gate_factors` at degree 1 (rows after the chunk's first reset do
+not read S; keys of earlier documents do not enter S'). Every exponent is <= 0. U, W, Q K^T * D and their
+S-free products run batched over all chunks (linear in T); the scan over chunks carries S only through W S, and
+is rematerialised (the backward keeps one [B, H, d_k, d_v] state per chunk). The terms in S are masked with
+`where`, so a NaN state never reaches another document's rows. The recurrence is stable for beta ||k||^2 <= 2
+(the Gated DeltaNet mixer L2-normalises k).
+"""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from retention.ops.matrix_state import (
+    chunk_gates,
+    chunk_major,
+    from_chunks,
+    poison_rows,
+    poison_state,
+    query_chunks,
+    scan_chunks,
+    to_chunks,
+    token_gates,
+)
+from retention.ops.power_retention.chunk_math import causal_decay, decay_state, gate_factors
+
+
+def gated_delta_rule_chunked(
+    q: Float[Array, "B T Hq dk"],
+    k: Float[Array, "B T H dk"],
+    v: Float[Array, "B T H dv"],
+    beta: Float[Array, "B T H"],
+    log_g: Float[Array, "B T H"] | None,
+    initial_state: Float[Array, "B H dk dv"] | None,
+    *,
+    segment_ids: Int[Array, "B T"] | None,
+    scale: float,
+    chunk_size: int,
+) -> tuple[Float[Array, "B T Hq dv"], Float[Array, "B H dk dv"]]:
+    """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
+    `chunk_size`, float32 throughout. Inputs are assumed validated (see `gated_delta_rule`)."""
+    B, T, _, d_k = q.shape
+    H, d_v, c = k.shape[2], v.shape[-1], chunk_size
+    f32 = jnp.float32
+    tokens = token_gates(k, v, log_g, segment_ids, beta=beta)
+    gates = chunk_gates(tokens, c)
+    q_c = query_chunks(q.astype(f32) * scale, H, c)  # [B, N, H, g, c, dk]
+    k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
+    beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]
+    fq, fk, decay = gate_factors(gates.F, gates.R, 1)
+    D = causal_decay(gates.F, gates.R)  # [B, N, H, c, c]
+
+    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
+    L = jnp.where(strictly_lower, beta_c * jnp.einsum("bnhid,bnhjd->bnhij", k_c, k_c) * D, 0.0)
+    rhs = jnp.concatenate([beta_c * v_c, beta_c * fq[..., None] * k_c], axis=-1)
+    solved = jax.lax.linalg.triangular_solve(L, rhs, left_side=True, lower=True, unit_diagonal=True)
+    U, W = solved[..., :d_v], solved[..., d_v:]
+    A = jnp.einsum("bnhgid,bnhjd->bnhgij", q_c, k_c) * D[:, :, :, None]
+    k_out = k_c * fk[..., None]  # keys of the chunk's last document, decayed to its end
+    AU = jnp.einsum("bnhgij,bnhje->bnhgie", A, U)
+    KU = jnp.einsum("bnhcd,bnhce->bnhde", k_out, U)
+
+    def body(S, xs):
+        q_BHgcd, A_BHgcc, W_BHcd, k_BHcd, KU_BHde, decay_BH, continues_BH, poisoned_BH = xs
+        WS = jnp.einsum("bhcd,bhde->bhce", W_BHcd, S)
+        read = jnp.einsum("bhgcd,bhde->bhgce", q_BHgcd, S) - jnp.einsum("bhgij,bhje->bhgie", A_BHgcc, WS)
+        carried = jnp.where(continues_BH[..., None, None], jnp.einsum("bhcd,bhce->bhde", k_BHcd, WS), 0.0)
+        S = decay_state(decay_BH, S) + KU_BHde - carried
+        return poison_state(S, poisoned_BH), read
+
+    S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
+    continues = gates.R[..., -1] == 0  # the chunk's last document started before it: S's terms enter S'
+    xs = (q_c * fq[:, :, :, None, :, None], A, W, k_out, KU, decay, continues, gates.poisoned[..., -1])
+    S, reads = scan_chunks(body, S0, tuple(map(chunk_major, xs)))
+    fresh = (gates.R == 0)[:, :, :, None, :, None]  # rows before the chunk's first reset read the state
+    y = poison_rows(AU + jnp.where(fresh, chunk_major(reads), 0.0), gates.poisoned)
+    return from_chunks(y, T).astype(v.dtype), S

@@ -1,0 +1,68 @@
+"""The public gated-delta-rule ops: the full op (training, prefill) and the step from a state (decode)."""
+
+from jaxtyping import Array, Float, Int
+
+from retention.ops.gated_delta_rule.chunked import gated_delta_rule_chunked
+from retention.ops.matrix_state import check_args, check_beta, check_matrix_state, step_chunk
+from retention.ops.power_retention.validation import check_log_g, default_chunk_size
+
+PREFERRED_CHUNK = 64
+
+
+def gated_delta_rule(
+    q: Float[Array, "B T Hq dk"],
+    k: Float[Array, "B T H dk"],
+    v: Float[Array, "B T H dv"],
+    beta: Float[Array, "B T H"],
+    log_g: Float[Array, "B T H"] | None = None,
+    *,
+    segment_ids: Int[Array, "B T"] | None = None,
+    scale: float | None = None,
+    chunk_size: int | None = None,
+    initial_state: Float[Array, "B H dk dv"] | None = None,
+    return_state: bool = False,
+):
+    """The causal gated delta rule (Gated DeltaNet): S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} +
+    beta_t k_t v_t^T, o_t = scale S_t^T q_t, from S_0 = `initial_state` (None: zeros).
+
+    q [B, T, Hq, d_k] (query head i reads kv-head i // (Hq // H)), k [B, T, H, d_k] (L2-normalised keys keep the
+    recurrence stable: it is for beta ||k||^2 <= 2), v [B, T, H, d_v], beta [B, T, H] in [0, 1], log_g [B, T, H]
+    <= 0 (None: no decay, the plain delta rule; -inf is an exact reset), segment_ids [B, T] int (the state resets
+    where the id changes, never at token 0) or None; scale None is d_k^-0.5; chunk_size one of CHUNK_SIZES or None
+    (64, or the smallest that holds T). Returns o [B, T, Hq, d_v] in v's dtype, or (o, state [B, H, d_k, d_v]
+    float32) with `return_state`. A NaN or inf in q, k or v, a NaN gate or a beta outside [0, 1] (when traced)
+    gives NaN in that row and the later rows of its document.
+    """
+    scale = check_args(q, k, v, segment_ids, scale, chunk_size)
+    check_beta(beta, k)
+    check_log_g(log_g, k)
+    B, T, _, d_k = q.shape
+    if initial_state is not None:
+        check_matrix_state(initial_state, B, k.shape[2], d_k, v.shape[-1], "initial_state")
+    c = chunk_size or default_chunk_size(T, PREFERRED_CHUNK)
+    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=c)
+    o, state = gated_delta_rule_chunked(q, k, v, beta, log_g, initial_state, **options)
+    return (o, state) if return_state else o
+
+
+def gated_delta_rule_step(
+    state: Float[Array, "B H dk dv"],
+    q: Float[Array, "B n Hq dk"],
+    k: Float[Array, "B n H dk"],
+    v: Float[Array, "B n H dv"],
+    beta: Float[Array, "B n H"],
+    log_g: Float[Array, "B n H"] | None = None,
+    *,
+    segment_ids: Int[Array, "B n"] | None = None,
+    scale: float | None = None,
+    chunk_size: int | None = None,
+) -> tuple[Float[Array, "B n Hq dv"], Float[Array, "B H dk dv"]]:
+    """n >= 1 new tokens continuing `state`: row i of o equals row t0 + i of the full forward. Returns (o in v's
+    dtype, the new state). Up to 16 tokens form one chunk against the state; more run in chunks (`step_chunk`).
+    segment_ids [B, n] resets where the id changes inside the step; token 0 continues the state's document."""
+    scale = check_args(q, k, v, segment_ids, scale, chunk_size)
+    check_beta(beta, k)
+    check_log_g(log_g, k)
+    check_matrix_state(state, q.shape[0], k.shape[2], q.shape[-1], v.shape[-1], "state")
+    c = step_chunk(q.shape[1], chunk_size, PREFERRED_CHUNK)
+    return gated_delta_rule_chunked(q, k, v, beta, log_g, state, segment_ids=segment_ids, scale=scale, chunk_size=c)

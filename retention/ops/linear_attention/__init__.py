@@ -1,0 +1,7 @@
+"""Linear attention with a scalar decay: the op and its decode step (op.py), the chunked form (chunked.py) and the
+token recurrence that is its oracle (reference.py)."""
+
+from retention.ops.linear_attention.op import linear_attention, linear_attention_step
+from retention.ops.linear_attention.reference import linear_attention_recurrence
+
+__all__ = ["linear_attention", "linear_attention_recurrence", "linear_attention_step"]
