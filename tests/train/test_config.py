@@ -24,11 +24,25 @@ from tests.train.common import ROOT, TINY, compose_config
 
 def test_presets_have_equal_parameter_counts():
     counts = {}
-    for preset in ("softmax", "swa", "power", "hybrid"):
+    for preset, pattern in {"softmax": "A", "swa": "W", "power": "P", "hybrid": "PPPA"}.items():
         lm, _ = build(compose_config([f"model={preset}"]))
-        assert lm.layer_kinds.startswith({"softmax": "A", "swa": "W", "power": "P", "hybrid": "PPPA"}[preset])
+        assert lm.layer_kinds.startswith(pattern)
         counts[preset] = count_params(lm)
     assert max(counts.values()) / min(counts.values()) < 1.03, counts
+
+
+def test_matrix_state_presets_are_sized_like_the_others():
+    """The Gated DeltaNet, GLA and DDDA hybrid presets build their patterns at the shared target_params, at the
+    width (a multiple of 8) whose count is nearest to it: d_model 8 narrower or wider is farther (a step is about 8%
+    of these models' parameters, so they are within 4.5% of the target, not the 3% the others happen to share)."""
+    for preset, pattern in {"gated_deltanet": "D", "gla": "G", "gated_deltanet_hybrid": "DDDA"}.items():
+        cfg = compose_config([f"model={preset}"])
+        lm, _ = build(cfg)
+        assert lm.layer_kinds.startswith(pattern)
+        target = cfg.model.target_params
+        widths = (lm.d_model - 8, lm.d_model, lm.d_model + 8)
+        off = {w: abs(count_params(dataclasses.replace(lm, d_model=w)) - target) for w in widths}
+        assert off[lm.d_model] == min(off.values()) < 0.045 * target, (preset, off)
 
 
 @pytest.mark.parametrize("task", ["mqar", "passkey", "copy", "text"])
