@@ -1,12 +1,13 @@
 """Serving on top of the LM and `generate`: prefix snapshots (snapshot.py: a prefilled cache as a value, to
-continue, fork, save and load), a slot engine (engine.py: requests joining and leaving one compiled decode step)
-and greedy speculative decoding with rollback (speculative.py). The names load on first use (PEP 562), as in the
-package face."""
+continue, fork, save and load), a slot engine (engine.py: requests joining and leaving one compiled decode step),
+greedy speculative decoding with rollback (speculative.py) and power-retention states quantized at rest
+(quantized_state.py). The names load on first use (PEP 562), as in the package face."""
 
 import importlib
 
 _HOMES = {
     "retention.serve.engine": ("Engine",),
+    "retention.serve.quantized_state": ("QuantizedState", "dequantize_states", "quantize_states"),
     "retention.serve.speculative": ("speculative_generate", "verify"),
     "retention.serve.snapshot": (
         "Snapshot",
