@@ -38,6 +38,7 @@ _HOMES = {
         "size_config",
     ),
     "retention.generation": ("generate",),
+    "retention.serve.snapshot": ("Snapshot", "fork", "load_snapshot", "prefill", "save_snapshot", "snapshot_bytes"),
     "retention.run": ("load_run",),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}

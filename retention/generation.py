@@ -45,6 +45,7 @@ def generate(
     top_k: int | None = None,
     key: PRNGKeyArray | None = None,
     eos_id: int | None = None,
+    start=None,
 ) -> Generated:
     """Continue each prompt row by up to max_new_tokens tokens: (tokens [B, T0 + N], lengths [B]).
 
@@ -56,6 +57,10 @@ def generate(
     it hold eos_id and `lengths` says where each row stopped; the loop ends when every row has. The prefill and
     the whole token loop (a lax.while_loop of decode steps) run in one compiled function, with no host round trip
     per token.
+
+    start: a Snapshot (retention.prefill) to continue from; prompt_BT is then a suffix [B, n >= 0] run into it
+    (prompt_lengths None), tokens holds the suffix and its continuation, and each row continues as the snapshot's
+    prompt followed by the suffix would (greedy: token for token; sampled: with the same key, the same draws).
     """
     check_int("max_new_tokens", max_new_tokens)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
@@ -79,6 +84,20 @@ def generate(
     eos = jnp.int32(-1 if eos_id is None else eos_id)
     prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
     options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy}
+    if start is not None:
+        from retention.serve.snapshot import check_snapshot, extend  # serve builds on this module
+
+        check_snapshot(model, start, "start")
+        if prompt_lengths is not None:
+            raise ValueError("prompt_lengths must be None with start= (the snapshot holds each row's prompt)")
+        start = extend(model, start, prompt_BT)
+        if "A" in model.config.layer_kinds and int(start.caches.length) + max_new_tokens > start.max_len:
+            raise ValueError(
+                f"start holds {int(start.caches.length)} tokens of max_len={start.max_len}: no room for "
+                f"max_new_tokens={max_new_tokens} (prefill with a larger max_len)"
+            )
+        new_BN = _continue(graphdef, state, start.logits, start.caches, key, jnp.float32(temperature), eos, **options)
+        return Generated(jnp.concatenate([prompt_BT, new_BN], axis=1), prompt_BT.shape[1] + _stopped(new_BN, eos))
     return Generated(*_generate(graphdef, state, prompt_BT, segment_ids, key, jnp.float32(temperature), eos, **options))
 
 
@@ -110,12 +129,33 @@ def _check_prompt_ids(prompt_BT, segment_ids, vocab_size: int) -> None:
 def _generate(graphdef, state, prompt_BT, segment_ids, key, temperature, eos, *, max_new_tokens, top_k, greedy):
     """(tokens [B, T0 + N], lengths [B]); eos = -1 matches no token (no eos_id)."""
     model = nnx.merge(graphdef, state)
-    B, T0 = prompt_BT.shape
-    N = max_new_tokens
-    keys = jax.random.split(key, N)
+    T0 = prompt_BT.shape[1]
     real_BT = prompt_BT if segment_ids is None else jnp.where(segment_ids == 1, prompt_BT, 0)  # padding: never seen
-    logits, caches = model.prefill(real_BT, T0 + N, segment_ids=segment_ids)
-    first_B = _sample(logits[:, -1], keys[0], temperature, top_k, greedy)
+    logits, caches = model.prefill(real_BT, T0 + max_new_tokens, segment_ids=segment_ids)
+    new_BN = _sample_loop(model, logits[:, -1], caches, key, temperature, eos, max_new_tokens, top_k, greedy)
+    return jnp.concatenate([prompt_BT, new_BN], axis=1), T0 + _stopped(new_BN, eos)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
+def _continue(graphdef, state, logits_BV, caches, key, temperature, eos, *, max_new_tokens, top_k, greedy):
+    """The new tokens [B, N] after caches whose last token's logits are logits_BV."""
+    model = nnx.merge(graphdef, state)
+    return _sample_loop(model, logits_BV, caches, key, temperature, eos, max_new_tokens, top_k, greedy)
+
+
+def _stopped(new_BN, eos) -> Int[Array, " B"]:
+    """The tokens each row generated up to and including its first eos (N: none)."""
+    is_eos_BN = new_BN == eos
+    stopped_B = jnp.where(jnp.any(is_eos_BN, axis=1), jnp.argmax(is_eos_BN, axis=1) + 1, new_BN.shape[1])
+    return stopped_B.astype(jnp.int32)
+
+
+def _sample_loop(model, logits_BV, caches, key, temperature, eos, N: int, top_k, greedy) -> Int[Array, "B N"]:
+    """N new tokens: the first drawn from logits_BV (with the first of N keys split from `key`), each next one
+    from a decode step of the one before; rows after their first eos hold eos."""
+    B = logits_BV.shape[0]
+    keys = jax.random.split(key, N)
+    first_B = _sample(logits_BV, keys[0], temperature, top_k, greedy)
     new_BN = jnp.full((B, N), jnp.maximum(eos, 0), jnp.int32).at[:, 0].set(first_B)
 
     def body(carry):
@@ -127,7 +167,4 @@ def _generate(graphdef, state, prompt_BT, segment_ids, key, temperature, eos, *,
         return i + 1, new_BN, caches, done_B | (token_B == eos)
 
     running = lambda carry: (carry[0] < N) & ~jnp.all(carry[3])
-    _, new_BN, _, _ = jax.lax.while_loop(running, body, (jnp.int32(1), new_BN, caches, first_B == eos))
-    is_eos_BN = new_BN == eos
-    stopped_B = jnp.where(jnp.any(is_eos_BN, axis=1), jnp.argmax(is_eos_BN, axis=1) + 1, N)
-    return jnp.concatenate([prompt_BT, new_BN], axis=1), T0 + stopped_B.astype(jnp.int32)
+    return jax.lax.while_loop(running, body, (jnp.int32(1), new_BN, caches, first_B == eos))[1]

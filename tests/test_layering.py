@@ -19,6 +19,7 @@ LAYERS = {
     "retention.run": 4,
     "retention.export": 4,
     "retention.generation": 4,
+    "retention.serve": 4,
 }
 KERNELS_IMPORTER = "retention/ops/power_retention/pallas.py"
 

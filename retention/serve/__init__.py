@@ -1,0 +1,36 @@
+"""Serving on top of the LM and `generate`: prefix snapshots (snapshot.py: a prefilled cache as a value, to
+continue, fork, save and load), a slot engine (engine.py: requests joining and leaving one compiled decode step),
+greedy speculative decoding with rollback (speculative.py) and power-retention states quantized at rest
+(quantized_state.py). The names load on first use (PEP 562), as in the package face."""
+
+import importlib
+
+_HOMES = {
+    "retention.serve.engine": ("Engine",),
+    "retention.serve.quantized_state": ("QuantizedState", "dequantize_states", "quantize_states"),
+    "retention.serve.speculative": ("speculative_generate", "verify"),
+    "retention.serve.snapshot": (
+        "Snapshot",
+        "extend",
+        "fork",
+        "load_snapshot",
+        "prefill",
+        "save_snapshot",
+        "snapshot_bytes",
+    ),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_HOME_OF)
+
+
+def __getattr__(name: str):
+    """A public name, imported from its home module on first use (and cached in this module)."""
+    if name not in _HOME_OF:
+        raise AttributeError(f"module 'retention.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME_OF[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

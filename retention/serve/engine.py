@@ -1,0 +1,181 @@
+"""A slot engine: B requests decoded together, each in its own slot with its own cache, position, segment and
+sampling settings; requests join (prefilled alone, or from a one-row Snapshot) and leave (eos or length) between
+steps, and one compiled step decodes the whole slot batch.
+
+The slot batch is a stack of one-row LMCaches (a leading slot axis over each cache's arrays), and the step is the
+LM's decode step vmapped over it: each slot keeps its own token count and KV-cache fill, so requests of any
+lengths share the step, and each request's tokens are those of its run alone. A joining request's cache is
+written into its slot by one compiled insert.
+"""
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn import LM
+from retention.serve.snapshot import Snapshot, check_snapshot, prefill
+from retention.validation import check_int, check_number
+
+
+@dataclasses.dataclass
+class Request:
+    """A request in a slot: its id, settings and the tokens generated so far."""
+
+    id: int
+    max_new_tokens: int
+    eos_id: int | None
+    tokens: list[int] = dataclasses.field(default_factory=list)
+
+
+class Engine:
+    """`slots` requests decoded as one batch, each cache holding up to max_len tokens (prompt and generated);
+    `step_tokens` is the prefill's (a snapshot joining must have been made with the same max_len and step_tokens).
+
+    submit(prompt or snapshot, ...) -> request id; step() -> {request id: token} for one token of every request;
+    finished: {request id: its generated tokens} for the requests that left; run() steps until every slot is free.
+    A request's tokens are drawn from its own key, folded with the token's index (greedy: argmax)."""
+
+    def __init__(self, model: LM, *, slots: int, max_len: int, step_tokens: int = 1):
+        if not isinstance(model, LM):
+            raise TypeError(f"model must be an LM, got {type(model).__name__}")
+        check_int("slots", slots)
+        check_int("max_len", max_len)
+        check_int("step_tokens", step_tokens)
+        self.model, self.slots, self.max_len, self.step_tokens = model, slots, max_len, step_tokens
+        one = model.init_caches(1, max_len, step_tokens=step_tokens)
+        self.caches = jax.tree.map(lambda x: jnp.broadcast_to(x, (slots,) + x.shape), one)
+        self.logits_S1V = jnp.zeros((slots, 1, model.config.vocab_size), jnp.float32)
+        self.temperature_S = jnp.zeros((slots,), jnp.float32)
+        self.top_k_S = jnp.full((slots,), model.config.vocab_size, jnp.int32)
+        self.key_S = jax.random.split(jax.random.key(0), slots)
+        self.count_S = jnp.zeros((slots,), jnp.int32)
+        self.requests: list[Request | None] = [None] * slots
+        self.finished: dict[int, list[int]] = {}
+        self._next_id = 0
+
+    def submit(
+        self,
+        start,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        key=None,
+        eos_id: int | None = None,
+    ) -> int:
+        """Put a request in a free slot: `start` is a prompt (int array [T] or [1, T], prefilled alone) or a
+        one-row Snapshot. Returns its id. Raises ValueError when every slot holds a request."""
+        vocab = self.model.config.vocab_size
+        check_int("max_new_tokens", max_new_tokens)
+        check_number("temperature", temperature, low=0)
+        if top_k is not None:
+            check_int("top_k", top_k)
+            if top_k > vocab:
+                raise ValueError(f"top_k must be <= vocab_size={vocab}, got {top_k}")
+        if key is None and temperature > 0:
+            raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
+        if eos_id is not None:
+            check_int("eos_id", eos_id, low=0)
+        if None not in self.requests:
+            raise ValueError(f"the slot batch is full: all slots={self.slots} hold requests (step until one leaves)")
+        snapshot = self._snapshot(start)
+        room = self.max_len - int(snapshot.caches.length)
+        if "A" in self.model.config.layer_kinds and max_new_tokens > room:
+            raise ValueError(f"max_new_tokens={max_new_tokens} does not fit: the cache has room for {room} more")
+        slot = self.requests.index(None)
+        self.caches, self.logits_S1V = _insert(self.caches, self.logits_S1V, snapshot.caches, snapshot.logits, slot)
+        key = jax.random.key(0) if key is None else key
+        self.temperature_S = self.temperature_S.at[slot].set(temperature)
+        self.top_k_S = self.top_k_S.at[slot].set(vocab if top_k is None else top_k)
+        self.key_S = self.key_S.at[slot].set(key)
+        self.count_S = self.count_S.at[slot].set(0)
+        self.requests[slot] = Request(self._next_id, max_new_tokens, eos_id)
+        self._next_id += 1
+        return self.requests[slot].id
+
+    def _snapshot(self, start) -> Snapshot:
+        """A one-row snapshot with this engine's cache shapes, from a prompt or a snapshot."""
+        if not isinstance(start, Snapshot):
+            prompt = jnp.asarray(start)
+            if prompt.ndim == 1:
+                prompt = prompt[None]
+            if prompt.ndim != 2 or prompt.shape[0] != 1:
+                raise ValueError(f"a prompt must be an int array [T] or [1, T], got shape {prompt.shape}")
+            return prefill(self.model, prompt, max_len=self.max_len, step_tokens=self.step_tokens)
+        check_snapshot(self.model, start, "start")
+        if start.rows != 1:
+            raise ValueError(f"start must be a one-row snapshot, got {start.rows} rows (fork makes rows, not slots)")
+        if (start.max_len, start.step_tokens) != (self.max_len, self.step_tokens):
+            raise ValueError(
+                f"start was prefilled with max_len={start.max_len}, step_tokens={start.step_tokens}; this engine's "
+                f"caches are max_len={self.max_len}, step_tokens={self.step_tokens}"
+            )
+        return start
+
+    def step(self) -> dict[int, int]:
+        """One token for every request in a slot (one compiled call); requests that reach their eos or
+        max_new_tokens leave (their tokens go to `finished`). Returns {request id: token}."""
+        active = [r is not None for r in self.requests]
+        if not any(active):
+            return {}
+        graphdef, state = nnx.split(self.model)
+        token_S, self.logits_S1V, self.caches = _step(
+            graphdef,
+            state,
+            self.caches,
+            self.logits_S1V,
+            jnp.asarray(active),
+            self.temperature_S,
+            self.top_k_S,
+            self.key_S,
+            self.count_S,
+        )
+        self.count_S = self.count_S + 1
+        out = {}
+        for slot, (request, token) in enumerate(zip(self.requests, token_S.tolist())):
+            if request is None:
+                continue
+            request.tokens.append(token)
+            out[request.id] = token
+            if token == request.eos_id or len(request.tokens) == request.max_new_tokens:
+                self.finished[request.id] = request.tokens
+                self.requests[slot] = None
+        return out
+
+    def run(self) -> dict[int, list[int]]:
+        """Step until every slot is free; returns `finished`."""
+        while any(r is not None for r in self.requests):
+            self.step()
+        return self.finished
+
+
+@partial(jax.jit, donate_argnums=(0, 1))
+def _insert(caches, logits_S1V, one_caches, one_logits_1V, slot):
+    """The slot batch with slot `slot`'s caches and logits replaced by a one-row snapshot's."""
+    put = lambda big, one: jax.lax.dynamic_update_index_in_dim(big, one.astype(big.dtype), slot, axis=0)
+    return jax.tree.map(put, caches, one_caches), put(logits_S1V, one_logits_1V)
+
+
+def _sample_slot(logits_V: Float[Array, " V"], key, temperature, top_k) -> Int[Array, ""]:
+    """One token: argmax at temperature 0, else a draw from softmax(logits / temperature) over the top_k (traced
+    per slot, so every slot has its own settings)."""
+    kth_best = jnp.sort(logits_V)[::-1][top_k - 1]
+    masked = jnp.where(logits_V < kth_best, -jnp.inf, logits_V)
+    drawn = jax.random.categorical(key, masked / jnp.where(temperature > 0, temperature, 1.0))
+    return jnp.where(temperature > 0, drawn, jnp.argmax(logits_V)).astype(jnp.int32)
+
+
+@partial(jax.jit, static_argnames=("graphdef",), donate_argnums=(2,))
+def _step(graphdef, state, caches, logits_S1V, active_S, temperature_S, top_k_S, key_S, count_S):
+    """(token [S] drawn from each slot's logits, the logits and caches after decoding it); free slots keep
+    their caches."""
+    model = nnx.merge(graphdef, state)
+    keys = jax.vmap(jax.random.fold_in)(key_S, count_S)
+    token_S = jax.vmap(_sample_slot)(logits_S1V[:, 0], keys, temperature_S, top_k_S)
+    logits, new = jax.vmap(lambda t, c: model.decode_step(t[None, None], c))(token_S, caches)
+    keep = lambda n, o: jnp.where(active_S.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
+    return token_S, logits[:, :, -1], jax.tree.map(keep, new, caches)

@@ -1,0 +1,213 @@
+"""Prefix snapshots: a prefilled LM cache as a value (a pytree), to continue, fork, save and load.
+
+A `Snapshot` holds the LM's LMCache (each layer's cache: a P layer's fixed-size state, an A or W layer's keys and
+values, float or quantized; the tokens seen; each row's segment id and next RoPE position), the last token's
+logits (the first new token's distribution) and, as static fields, the model config it came from, a digest of the
+model's weights, max_len and step_tokens (the caches' shapes). `prefill` makes one; `extend` runs more tokens into
+it; `generate(model, suffix, n, start=snapshot)` continues from it; `fork` copies a one-row snapshot to n rows;
+`save_snapshot` / `load_snapshot` write and read one safetensors file with a checksum pair per array.
+
+Files are safetensors, not Orbax: a snapshot is a few arrays written and read whole, which safetensors keeps in one
+file with a JSON header (the config, shapes and checksums); Orbax writes a folder of several files through its
+asynchronous machinery, built for sharded train states.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import safetensors
+import safetensors.flax
+from flax import nnx
+from jaxtyping import Array, Float
+
+from retention.generation import _check_prompt_ids, _prompt_segments
+from retention.nn import LM, LMCache, LMConfig
+from retention.train.checksum import mismatched, tree_checksums
+from retention.validation import check_int, concrete
+
+# config fields that choose an op path, not the caches' layout or the function computed
+OP_PATH_FIELDS = ("retention_impl", "attention_impl")
+FORMAT = "retention.snapshot/1"
+
+
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=("caches", "logits"),
+    meta_fields=("config", "weights_digest", "max_len", "step_tokens"),
+)
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """An LM's caches after a prompt: caches (LMCache, B rows), logits [B, V] float32 of each row's last token;
+    static: config (LMConfig), weights_digest (sha256 of the weights' checksums), max_len and step_tokens (the
+    caches were made for up to max_len tokens in all, decoded in steps of up to step_tokens)."""
+
+    caches: LMCache
+    logits: Float[Array, "B V"]
+    config: LMConfig
+    weights_digest: str
+    max_len: int
+    step_tokens: int
+
+    @property
+    def rows(self) -> int:
+        return self.logits.shape[0]
+
+
+def weights_digest(model: LM) -> str:
+    """sha256 of the checksum pair of every parameter array (retention/train/checksum.py), computed on the device."""
+    sums, _ = tree_checksums(nnx.state(model, nnx.Param))
+    return hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()
+
+
+def _config_difference(saved: LMConfig, model: LMConfig) -> str | None:
+    """The fields (op paths aside) where the snapshot's config differs from the model's, or None."""
+    a, b = dataclasses.asdict(saved), dataclasses.asdict(model)
+    diff = [f"{k}={a[k]!r} (snapshot) vs {b[k]!r} (model)" for k in a if k not in OP_PATH_FIELDS and a[k] != b.get(k)]
+    return ", ".join(diff) or None
+
+
+def check_snapshot(model: LM, snapshot, name: str = "start") -> None:
+    """`snapshot` (the argument `name`) is a Snapshot made by a model of `model`'s config (TypeError, ValueError
+    naming the differing fields)."""
+    if not isinstance(snapshot, Snapshot):
+        raise TypeError(f"{name} must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
+    if difference := _config_difference(snapshot.config, model.config):
+        raise ValueError(f"{name} comes from another model config: {difference}")
+
+
+def prefill(
+    model: LM,
+    tokens_BT,
+    *,
+    max_len: int,
+    prompt_lengths=None,
+    step_tokens: int = 1,
+) -> Snapshot:
+    """Run a prompt [B, T] into fresh caches for up to max_len tokens in all, later fed in steps of up to
+    step_tokens tokens: the Snapshot to continue from. prompt_lengths [B]: ragged prompts, left-padded, as in
+    `generate` (row b's prompt is its last prompt_lengths[b] tokens; each row continues as its prompt alone)."""
+    if getattr(tokens_BT, "ndim", None) != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an int array [B, T], got {getattr(tokens_BT, 'shape', tokens_BT)}")
+    check_int("max_len", max_len)
+    check_int("step_tokens", step_tokens)
+    segment_ids = None if prompt_lengths is None else _prompt_segments(prompt_lengths, *tokens_BT.shape)
+    _check_prompt_ids(tokens_BT, segment_ids, model.config.vocab_size)
+    tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
+    if segment_ids is not None:
+        tokens_BT = jnp.where(segment_ids == 1, tokens_BT, 0)  # the padding's values are never seen
+    logits, caches = model.prefill(tokens_BT, max_len, segment_ids=segment_ids, step_tokens=step_tokens)
+    return Snapshot(caches, logits[:, -1], model.config, weights_digest(model), max_len, step_tokens)
+
+
+def extend(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
+    """The snapshot after n more tokens [B, n] (continuing each row's document), fed in steps of up to
+    snapshot.step_tokens tokens when the model has sliding-window layers (their ring buffer holds that many), in
+    one step otherwise. n = 0 returns the snapshot."""
+    check_snapshot(model, snapshot, "snapshot")
+    if getattr(tokens_Bn, "ndim", None) != 2 or tokens_Bn.shape[0] != snapshot.rows:
+        raise ValueError(f"tokens must be an int array [B={snapshot.rows}, n], got {getattr(tokens_Bn, 'shape', None)}")
+    n = tokens_Bn.shape[1]
+    length = concrete(snapshot.caches.length)
+    if "A" in model.config.layer_kinds and length is not None and int(length) + n > snapshot.max_len:
+        raise ValueError(
+            f"the snapshot holds {int(length)} tokens of max_len={snapshot.max_len}: no room for {n} more "
+            "(prefill with a larger max_len)"
+        )
+    if n == 0:
+        return snapshot
+    piece = snapshot.step_tokens if "W" in model.config.layer_kinds else n
+    caches, logits = snapshot.caches, snapshot.logits
+    for start in range(0, n, piece):
+        step_logits, caches = model.decode_step(jnp.asarray(tokens_Bn[:, start : start + piece], jnp.int32), caches)
+        logits = step_logits[:, -1]
+    return dataclasses.replace(snapshot, caches=caches, logits=logits)
+
+
+def snapshot_bytes(snapshot: Snapshot) -> int:
+    """Bytes of the snapshot's arrays (caches and logits)."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(snapshot))
+
+
+def _abstract_caches(config: LMConfig, batch: int, max_len: int, step_tokens: int) -> LMCache:
+    """The shapes and dtypes of `LM(config).init_caches(batch, max_len, step_tokens=...)`, built without weights."""
+    model = nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0)))
+    return jax.eval_shape(lambda: model.init_caches(batch, max_len, step_tokens=step_tokens))
+
+
+def fork(snapshot: Snapshot, n: int) -> Snapshot:
+    """A one-row snapshot copied to n rows (the batch axis of every per-row array broadcast), so n continuations
+    of one prefix run as one batch."""
+    if not isinstance(snapshot, Snapshot):
+        raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
+    check_int("n", n)
+    if snapshot.rows != 1:
+        raise ValueError(f"fork needs a one-row snapshot, got {snapshot.rows} rows")
+    one = _abstract_caches(snapshot.config, 1, snapshot.max_len, snapshot.step_tokens)
+    many = _abstract_caches(snapshot.config, n, snapshot.max_len, snapshot.step_tokens)
+    grow = lambda x, a, b: jnp.broadcast_to(x, b.shape) if a.shape != b.shape else x
+    caches = jax.tree.map(grow, snapshot.caches, one, many)
+    logits = jnp.broadcast_to(snapshot.logits, (n,) + snapshot.logits.shape[1:])
+    return dataclasses.replace(snapshot, caches=caches, logits=logits)
+
+
+def _tensors(snapshot: Snapshot) -> dict[str, Array]:
+    return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(snapshot)}
+
+
+def save_snapshot(path: str | os.PathLike, snapshot: Snapshot) -> None:
+    """Write the snapshot to one safetensors file: its arrays, and in the header its config, weights digest,
+    shapes and the checksum pair of every array."""
+    if not isinstance(snapshot, Snapshot):
+        raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
+    checksums, _ = tree_checksums(snapshot)
+    header = {
+        "format": FORMAT,
+        "config": dataclasses.asdict(snapshot.config),
+        "weights_digest": snapshot.weights_digest,
+        "rows": snapshot.rows,
+        "max_len": snapshot.max_len,
+        "step_tokens": snapshot.step_tokens,
+        "checksums": checksums,
+    }
+    safetensors.flax.save_file(_tensors(snapshot), os.fspath(path), metadata={"snapshot": json.dumps(header)})
+
+
+def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
+    """The snapshot saved at `path`, for `model`: ValueError naming the file when it cannot be read or an array
+    fails its checksum, and naming the differing fields when it comes from another config (or other weights)."""
+    path = os.fspath(path)
+    try:
+        with safetensors.safe_open(path, framework="flax") as f:
+            header = json.loads(f.metadata()["snapshot"])
+        tensors = safetensors.flax.load_file(path)
+        config = LMConfig(**header["config"])
+    except Exception as e:  # a damaged file raises whatever its reader hits
+        raise ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}") from e
+    if difference := _config_difference(config, model.config):
+        raise ValueError(f"snapshot file {path} comes from another model config: {difference}")
+    if header["weights_digest"] != weights_digest(model):
+        raise ValueError(f"snapshot file {path} comes from a model with other weights (its weights digest differs)")
+    abstract = Snapshot(
+        _abstract_caches(config, header["rows"], header["max_len"], header["step_tokens"]),
+        jax.ShapeDtypeStruct((header["rows"], config.vocab_size), jnp.float32),
+        model.config,
+        header["weights_digest"],
+        header["max_len"],
+        header["step_tokens"],
+    )
+    paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    keys = [jax.tree_util.keystr(p) for p, _ in paths]
+    fits = lambda k, a: k in tensors and (tensors[k].shape, tensors[k].dtype) == (a.shape, a.dtype)
+    wrong = [k for k, (_, a) in zip(keys, paths) if not fits(k, a)]
+    if wrong or len(tensors) != len(keys):
+        raise ValueError(f"snapshot file {path} is damaged: its arrays do not match the snapshot's ({wrong[:1]})")
+    snapshot = jax.tree_util.tree_unflatten(treedef, [tensors[k] for k in keys])
+    bad, _ = mismatched(header["checksums"], snapshot)
+    if bad:
+        raise ValueError(f"snapshot file {path} is damaged: {len(bad)} arrays differ from their checksums ({bad[0]})")
+    return snapshot

@@ -1,0 +1,95 @@
+"""Greedy speculative decoding with rollback: a draft model proposes k tokens, the target checks them in one decode
+step of k + 1 tokens, and the caches go back to the longest accepted prefix.
+
+`verify(target, snapshot, tokens)` runs [last, d_1..d_k] through the target from a snapshot holding every token
+before `last`: the target's greedy choice after each, how many drafts it accepts (j, the leading matches), and
+the snapshot after [last, d_1..d_j]. That snapshot is the pre-verify snapshot (a value, untouched by the verify
+step) extended by the j + 1 accepted tokens: a second target call of j + 1 tokens, not the verify step's own
+per-position states (the chunk step returns only the state after all k + 1), so the rolled-back caches are exactly
+those of running the accepted tokens. The draft keeps one snapshot per proposed token and goes back to the one
+after the accepted prefix. `speculative_generate` loops this; its tokens equal the target's greedy `generate`.
+"""
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from retention.nn import LM
+from retention.serve.snapshot import Snapshot, check_snapshot, extend, prefill
+from retention.validation import check_int
+
+
+class Verified(NamedTuple):
+    """What `verify` returns: the target's greedy token after each of the k + 1 fed tokens [k + 1], the drafts
+    it accepts (0..k) and the snapshot after the fed tokens up to the accepted ones."""
+
+    choices: np.ndarray
+    accepted: int
+    snapshot: Snapshot
+
+
+class Speculated(NamedTuple):
+    """What `speculative_generate` returns: tokens [N] (the target's greedy continuation), the accepted drafts
+    over all proposed, the tokens produced per target verify call (the first comes from the prefill), and the
+    number of verify calls."""
+
+    tokens: np.ndarray
+    acceptance_rate: float
+    tokens_per_target_call: float
+    target_calls: int
+
+
+def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
+    """Feed [last, d_1..d_k] (int [1, k + 1]) to the target in one decode step from a one-row snapshot that holds
+    every token before `last`; accept the leading drafts the target's greedy choices match. The step needs
+    k + 1 <= snapshot.step_tokens (a sliding-window ring buffer holds that many new tokens)."""
+    check_snapshot(target, snapshot, "snapshot")
+    if snapshot.rows != 1 or getattr(tokens_1n, "ndim", None) != 2 or tokens_1n.shape[0] != 1:
+        raise ValueError(f"verify takes one row: a one-row snapshot and tokens [1, k + 1], got {snapshot.rows} rows")
+    k = tokens_1n.shape[1] - 1
+    if k + 1 > snapshot.step_tokens:
+        raise ValueError(
+            f"k={k} drafts (k + 1 = {k + 1} tokens a verify step) is larger than the snapshot's step_tokens="
+            f"{snapshot.step_tokens}: prefill with step_tokens >= k + 1"
+        )
+    tokens_1n = jnp.asarray(tokens_1n, jnp.int32)
+    logits, _ = target.decode_step(tokens_1n, snapshot.caches)
+    choices = np.asarray(jnp.argmax(logits[0], axis=-1))
+    drafts = np.asarray(tokens_1n[0, 1:])
+    accepted = int(np.argmin(np.append(choices[:k] == drafts, False)))
+    return Verified(choices, accepted, extend(target, snapshot, tokens_1n[:, : accepted + 1]))
+
+
+def _greedy(snapshot: Snapshot) -> int:
+    return int(jnp.argmax(snapshot.logits[0]))
+
+
+def speculative_generate(target: LM, draft: LM, prompt_1T, max_new_tokens: int, *, k: int) -> Speculated:
+    """The target's greedy continuation of a one-row prompt [1, T] by max_new_tokens tokens, drafted k at a time
+    by `draft` (any LM over the same vocabulary) and verified by the target, one decode step per k drafts."""
+    check_int("max_new_tokens", max_new_tokens)
+    check_int("k", k)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError(
+            f"draft's vocab_size={draft.config.vocab_size} must equal the target's {target.config.vocab_size}"
+        )
+    prompt_1T = jnp.asarray(prompt_1T, jnp.int32)
+    max_len = prompt_1T.shape[1] + max_new_tokens + k + 1
+    target_snap = prefill(target, prompt_1T, max_len=max_len, step_tokens=k + 1)
+    draft_snap = prefill(draft, prompt_1T, max_len=max_len)
+    out = [_greedy(target_snap)]  # the newest token, `last`, is in neither snapshot yet
+    proposed, accepted_total, calls = 0, 0, 0
+    while len(out) < max_new_tokens:
+        history = [extend(draft, draft_snap, jnp.array([[out[-1]]], jnp.int32))]  # after last, d_1, ..., d_i
+        drafts = []
+        for _ in range(k):
+            drafts.append(_greedy(history[-1]))
+            history.append(extend(draft, history[-1], jnp.array([[drafts[-1]]], jnp.int32)))
+        verified = verify(target, target_snap, jnp.array([[out[-1], *drafts]], jnp.int32))
+        j = verified.accepted
+        calls, proposed, accepted_total = calls + 1, proposed + k, accepted_total + j
+        out += drafts[:j] + [int(verified.choices[j])]
+        target_snap, draft_snap = verified.snapshot, history[j]
+    rate = accepted_total / proposed if proposed else 0.0
+    return Speculated(np.array(out[:max_new_tokens]), rate, (len(out) - 1) / max(calls, 1), calls)
