@@ -5,8 +5,9 @@ their projections, as in Based, Mamba, GLA and DeltaNet):
 
 Tokens before the sequence are zeros, or the `prefix` of the K - 1 inputs that came before (a decode cache, or the
 neighbouring device's last tokens). With `segment_ids [B, T]` (equal id = same document, documents contiguous in
-time) a token never sees an input of another document: the masked taps are dropped with `jnp.where`, so a NaN in
-one document never reaches another. The prefix belongs to the document of token 0 unless its own ids say otherwise.
+time) a token never sees an input of another document: a tap with a change of id between it and the token is
+dropped with `jnp.where` (so an id that comes back starts a fresh document, as in every op), and a NaN in one
+document never reaches another. The prefix belongs to the document of token 0 unless its own ids say otherwise.
 
 Under a mesh whose "sequence" axis splits the tokens, `causal_conv_context_parallel` passes each device's last
 K - 1 inputs (and their segment ids) to the next one with `ppermute` inside `shard_map`: the result equals one
@@ -72,10 +73,12 @@ def causal_conv(
     acc = jnp.promote_types(x_BTC.dtype, jnp.float32)  # float32, or float64 for float64 inputs
     kernel = kernel_KC.astype(acc)
     y_BTC = x_BTC.astype(acc) * kernel[K - 1]
-    for i in range(K - 1):  # tap i reads the input K - 1 - i tokens back
+    same_BT = None
+    for i in reversed(range(K - 1)):  # tap i reads the input K - 1 - i tokens back: nearest first
         tap_BTC = xp_BSC[:, i : i + T].astype(acc)
-        if segment_ids_BT is not None:
-            same_BT = seg_BS[:, i : i + T] == segment_ids_BT
+        if segment_ids_BT is not None:  # no change of id between the tap and the token
+            unchanged_BT = seg_BS[:, i : i + T] == seg_BS[:, i + 1 : i + 1 + T]
+            same_BT = unchanged_BT if same_BT is None else same_BT & unchanged_BT
             tap_BTC = jnp.where(same_BT[..., None], tap_BTC, 0.0)
         y_BTC = y_BTC + tap_BTC * kernel[i]
     return y_BTC.astype(x_BTC.dtype)
@@ -163,13 +166,13 @@ def _last(x_BS, n: int):
     return x_BS[:, x_BS.shape[1] - n :]
 
 
-def _next_ids(cache_ids_BP: Int[Array, "B P"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
-    """The segment ids of the last P inputs after T more (None: they continue the cache's last document)."""
+def _step_ids(cache_ids_BP: Int[Array, "B P"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
+    """The segment ids of a step's T tokens: as given, or (None) each row's last document in the cache (conv_size
+    1 keeps no inputs: the ids are never read)."""
+    if segment_ids_BT is not None:
+        return segment_ids_BT.astype(jnp.int32)
     B, P = cache_ids_BP.shape
-    if P == 0:
-        return cache_ids_BP
-    new_BT = jnp.broadcast_to(cache_ids_BP[:, -1:], (B, T)) if segment_ids_BT is None else segment_ids_BT
-    return _last(jnp.concatenate([cache_ids_BP, new_BT.astype(jnp.int32)], axis=1), P)
+    return jnp.zeros((B, T), jnp.int32) if P == 0 else jnp.broadcast_to(cache_ids_BP[:, -1:], (B, T))
 
 
 class QKVConvCache(NamedTuple):
@@ -191,16 +194,17 @@ class QKVConv(nnx.Module):
 
     def __call__(self, q_BTC, k_BTC, v_BTC, *, segment_ids_BT=None, cache: QKVConvCache | None = None):
         """(q, k, v convolved, the new QKVConvCache or None): the full forward (cache None) or a decode step. In a
-        step, segment_ids None continues each row's document; a token's taps on the cache's inputs of another
-        document are dropped."""
+        step, segment_ids None continues each row's last document in the cache; a token's taps on the cache's
+        inputs of another document are dropped."""
         convs, xs = (self.q, self.k, self.v), (q_BTC, k_BTC, v_BTC)
         if cache is None:
             (q, _), (k, _), (v, _) = (conv(x, segment_ids_BT=segment_ids_BT) for conv, x in zip(convs, xs))
             return q, k, v, None
-        prefix_ids = None if segment_ids_BT is None else cache.segment_ids
-        options = dict(segment_ids_BT=segment_ids_BT, cache_segment_ids_BP=prefix_ids)
+        ids_BT = _step_ids(cache.segment_ids, segment_ids_BT, q_BTC.shape[1])
+        options = dict(segment_ids_BT=ids_BT, cache_segment_ids_BP=cache.segment_ids)
         (q, cq), (k, ck), (v, cv) = (conv(x, cache=c, **options) for conv, x, c in zip(convs, xs, cache[:3]))
-        return q, k, v, QKVConvCache(cq, ck, cv, _next_ids(cache.segment_ids, segment_ids_BT, q_BTC.shape[1]))
+        next_ids = _last(jnp.concatenate([cache.segment_ids, ids_BT], axis=1), cache.segment_ids.shape[1])
+        return q, k, v, QKVConvCache(cq, ck, cv, next_ids)
 
     def init_cache(self, batch: int, dtype=jnp.float32) -> QKVConvCache:
         """Zero inputs and segment ids 0: the state before the first token."""

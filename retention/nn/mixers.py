@@ -17,10 +17,10 @@ and each slot's segment id per row (a ring buffer of window + n - 1 slots for a 
 `kv_cache_bits` (8 or 4) a QuantizedKVCache of the same slots (retention/ops/attention/quantized.py; one document
 per row: it keeps no segment ids), and the same conv cache.
 Packed documents: `segment_ids` [B, T] (equal ids form one document, contiguous in time) keep documents apart in
-every op and in the convolution. With a cache, None continues each row's document; a step whose first token has an
-id other than the row's last one starts a new document there: the retention mixer clears that row's state (its
-cache records the last id), attention sees only the keys whose slot has the query's id, and the convolution drops
-the taps of the earlier document.
+every op and in the convolution. With a cache, None continues each row's last document; a step whose first token
+has an id other than the row's last one starts a new document there (an id that comes back too:
+`retention.ops.segments`): the retention mixer clears that row's state (its cache records the last id), attention
+sees only the keys since the query's document started, and the convolution drops the taps of the earlier document.
 """
 
 from typing import NamedTuple
