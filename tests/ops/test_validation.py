@@ -235,13 +235,13 @@ CACHE_CASES = {
     "k head dim": (
         _float_cache._replace(k=_float_cache.k[..., :4]),
         ValueError,
-        r"cache.k must be \[B, H, L, d\] = \[1, 2, L, 8\] in float32 .* got \(1, 2, 16, 4\) float32",
+        r"cache.k must be \[B, H, L, d\] = \[1, 2, L, 8\] in float32: .* got \(1, 2, 16, 4\) float32",
     ),
     "v heads": (_float_cache._replace(v=_float_cache.v[:, :1]), ValueError, r"cache.v must be \[B, H, L, d\]"),
     "k dtype": (
         _float_cache._replace(k=_float_cache.k.astype(jnp.bfloat16)),
         ValueError,
-        "cache.k must be .* in float32 to match on B, H, d and dtype",
+        "cache.k must be .* in float32: a cache must match on B, H, d and dtype",
     ),
     "pos": (_float_cache._replace(pos=_float_cache.pos[:3]), ValueError, r"cache.pos must be an int array of shape"),
     "segment_ids": (

@@ -83,8 +83,8 @@ def check_kv_cache(cache, k, name: str = "cache") -> None:
         x = getattr(cache, field)
         if getattr(x, "ndim", None) != 4 or x.shape[:2] != (B, H) or x.shape[3] != d or x.dtype != k.dtype:
             raise ValueError(
-                f"{name}.{field} must be [B, H, L, d] = [{B}, {H}, L, {d}] in {k.dtype} to match on B, H, d and "
-                f"dtype with the new k {tuple(k.shape)} {k.dtype}, got {describe_array(x)}"
+                f"{name}.{field} must be [B, H, L, d] = [{B}, {H}, L, {d}] in {k.dtype}: a cache must match on B, H, "
+                f"d and dtype the new k {tuple(k.shape)} {k.dtype}, got {describe_array(x)}"
             )
     if cache.v.shape != cache.k.shape:
         raise ValueError(f"{name}.v must have {name}.k's shape {cache.k.shape}, got {cache.v.shape}")

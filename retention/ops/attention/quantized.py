@@ -72,7 +72,7 @@ def check_quantized_kv_cache(cache, k, name: str = "cache") -> None:
         if bits is None or x.ndim != 4 or x.shape[:2] != (B, H) or x.shape[3] != d * bits // 8 or d * bits % 8:
             raise ValueError(
                 f"{name}.{field} must be [B, H, L, d] = [{B}, {H}, L, {d}] int8 or [{B}, {H}, L, {d} / 2] uint8 "
-                f"(4-bit) to match on B, H and d with the new k {tuple(k.shape)}, got {describe_array(x)}"
+                f"(4-bit): a cache must match on B, H and d the new k {tuple(k.shape)}, got {describe_array(x)}"
             )
     if cache.v.shape != cache.k.shape or cache.v.dtype != cache.k.dtype:
         want, got = describe_array(cache.k), describe_array(cache.v)
