@@ -15,7 +15,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from retention.nn.model import LM
-from retention.validation import check_int, concrete
+from retention.validation import check_int, check_number, concrete
 
 
 def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None, greedy: bool) -> Int[Array, " B"]:
@@ -63,8 +63,7 @@ def generate(
     prompt followed by the suffix would (greedy: token for token; sampled: with the same key, the same draws).
     """
     check_int("max_new_tokens", max_new_tokens)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    check_number("temperature", temperature, low=0.0)  # 0 = greedy; NaN and inf are refused
     vocab = model.config.vocab_size
     if top_k is not None:
         check_int("top_k", top_k)

@@ -138,9 +138,10 @@ def intra(q, k, v, Fc, Fr, Rc, Rr, scale, mm: Matmul):
 
 
 def normalise(num, den):
-    """num / den, 0 where den == 0 (padding rows: num is 0 too); a NaN den stays NaN."""
+    """num / den, NaN where den == 0 (every weight underflowed; padding rows, which the caller crops, and whose
+    gradient the VJP sets to 0); a NaN den stays NaN."""
     zero = den == 0
-    return jnp.where(zero, 0.0, num / jnp.where(zero, 1.0, den))
+    return jnp.where(zero, jnp.nan, num / jnp.where(zero, 1.0, den))
 
 
 def intra_grads(q, k, v, Fc, Fr, Rc, Rr, dnum, dden, dden_row, scale, mm: Matmul):

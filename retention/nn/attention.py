@@ -7,7 +7,8 @@ prompt and writes its keys and values into an empty cache.
 Its cache is an AttentionCache: a KVCache of keys and values and each slot's segment id per row (a ring buffer of
 window + n - 1 slots for a sliding window), or with `kv_cache_bits` (8 or 4) a QuantizedKVCache of the same slots
 (retention/ops/attention/quantized.py; one document per row: it keeps no segment ids), and the conv cache. With a
-cache, segment_ids None continues each row's document; attention sees only the keys whose slot has the query's id.
+cache, segment_ids None continues each row's last document; attention sees only the keys since the query's
+document started (an id that comes back starts a new one: `retention.ops.segments`).
 """
 
 from typing import NamedTuple

@@ -65,13 +65,13 @@ def _last(x_BS, n: int):
     return x_BS[:, x_BS.shape[1] - n :]
 
 
-def _next_ids(cache_ids_BP: Int[Array, "B P"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
-    """The segment ids of the last P inputs after T more (None: they continue the cache's last document)."""
+def _step_ids(cache_ids_BP: Int[Array, "B P"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
+    """The segment ids of a step's T tokens: as given, or (None) each row's last document in the cache (conv_size
+    1 keeps no inputs: the ids are never read)."""
+    if segment_ids_BT is not None:
+        return segment_ids_BT.astype(jnp.int32)
     B, P = cache_ids_BP.shape
-    if P == 0:
-        return cache_ids_BP
-    new_BT = jnp.broadcast_to(cache_ids_BP[:, -1:], (B, T)) if segment_ids_BT is None else segment_ids_BT
-    return _last(jnp.concatenate([cache_ids_BP, new_BT.astype(jnp.int32)], axis=1), P)
+    return jnp.zeros((B, T), jnp.int32) if P == 0 else jnp.broadcast_to(cache_ids_BP[:, -1:], (B, T))
 
 
 class QKVConvCache(NamedTuple):
@@ -93,16 +93,17 @@ class QKVConv(nnx.Module):
 
     def __call__(self, q_BTC, k_BTC, v_BTC, *, segment_ids_BT=None, cache: QKVConvCache | None = None):
         """(q, k, v convolved, the new QKVConvCache or None): the full forward (cache None) or a decode step. In a
-        step, segment_ids None continues each row's document; a token's taps on the cache's inputs of another
-        document are dropped."""
+        step, segment_ids None continues each row's last document in the cache; a token's taps on the cache's
+        inputs of another document are dropped."""
         convs, xs = (self.q, self.k, self.v), (q_BTC, k_BTC, v_BTC)
         if cache is None:
             (q, _), (k, _), (v, _) = (conv(x, segment_ids_BT=segment_ids_BT) for conv, x in zip(convs, xs))
             return q, k, v, None
-        prefix_ids = None if segment_ids_BT is None else cache.segment_ids
-        options = dict(segment_ids_BT=segment_ids_BT, cache_segment_ids_BP=prefix_ids)
+        ids_BT = _step_ids(cache.segment_ids, segment_ids_BT, q_BTC.shape[1])
+        options = dict(segment_ids_BT=ids_BT, cache_segment_ids_BP=cache.segment_ids)
         (q, cq), (k, ck), (v, cv) = (conv(x, cache=c, **options) for conv, x, c in zip(convs, xs, cache[:3]))
-        return q, k, v, QKVConvCache(cq, ck, cv, _next_ids(cache.segment_ids, segment_ids_BT, q_BTC.shape[1]))
+        next_ids = _last(jnp.concatenate([cache.segment_ids, ids_BT], axis=1), cache.segment_ids.shape[1])
+        return q, k, v, QKVConvCache(cq, ck, cv, next_ids)
 
     def init_cache(self, batch: int, dtype=jnp.float32) -> QKVConvCache:
         """Zero inputs and segment ids 0: the state before the first token."""

@@ -148,8 +148,9 @@ class LM(nnx.Module):
         debug_checks: bool = False,
     ) -> tuple[Float[Array, "B n V"], LMCache]:
         """n new tokens after those in `caches`: (logits [B, n, V], updated caches). Compiled once per shape.
-        segment_ids None continues each row's document; a new id starts one. The caches must have room: total
-        length <= max_len for A layers, n <= step_tokens for W layers. debug_checks as in `__call__`."""
+        segment_ids None continues each row's last document; a new id starts one (an id that comes back too). The
+        caches must have room: total length <= max_len for A layers, n <= step_tokens for W layers. debug_checks as
+        in `__call__`."""
         _check_tokens(tokens_BN, self.config.vocab_size, segment_ids, debug_checks)
         graphdef, state = nnx.split(self)
         return _decode(graphdef, state, tokens_BN, segment_ids, caches)

@@ -24,8 +24,9 @@ from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int
 
 from retention.ops.power_retention.chunk_math import masked_exp
-from retention.ops.power_retention.gates import LOG_G_ZERO, document_starts
+from retention.ops.power_retention.gates import LOG_G_ZERO
 from retention.ops.power_retention.validation import check_chunk_size
+from retention.ops.segments import document_starts
 from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_int, concrete
 

@@ -93,6 +93,14 @@ def test_sampling_is_reproducible_and_in_vocab():
         ({"temperature": 0.5}, "key must be a jax.random key to sample with temperature > 0"),
         ({"temperature": 0.0, "eos_id": 50}, r"eos_id must be None or an int in \[0, vocab_size=50\), got 50"),
         ({"temperature": 0.0, "eos_id": -1}, r"eos_id must be None or an int in \[0, vocab_size=50\), got -1"),
+        ({"temperature": float("nan")}, r"temperature must be a finite number in \[0.0, inf\), got nan"),
+        ({"temperature": float("inf")}, r"temperature must be a finite number in \[0.0, inf\), got inf"),
+        ({"temperature": -0.5}, r"temperature must be a finite number in \[0.0, inf\), got -0.5"),
+        ({"temperature": "1"}, r"temperature must be a finite number in \[0.0, inf\), got '1'"),
+        ({"temperature": 0.0, "top_k": 0}, "top_k must be an int >= 1, got 0"),
+        ({"temperature": 0.0, "top_k": 2.5}, "top_k must be an int >= 1, got 2.5"),
+        ({"temperature": 0.0, "top_k": True}, "top_k must be an int >= 1, got True"),
+        ({"temperature": 0.0, "top_k": 51}, "top_k must be <= vocab_size=50, got 51"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs, message):
@@ -126,3 +134,19 @@ def test_prompt_ids_outside_the_vocabulary_are_refused(bad):
         generate(model, prompt, 2, prompt_lengths=jnp.asarray([0]), key=jax.random.key(0))
     padded = generate(model, prompt, 2, prompt_lengths=jnp.asarray([1]), temperature=0.0, key=jax.random.key(0))
     assert padded.tokens.shape == (1, 6)
+
+
+@pytest.mark.parametrize("pattern", ["P", "A", "W", "PA", "PW"])
+def test_ragged_prompts_shorter_than_the_convolution_generate_as_alone(pattern):
+    """conv_size 4: prompts of 1 token (fewer than conv_size - 1) left-padded, and prompt_lengths [1, 5, 9, 13] in
+    one batch: each row's greedy tokens equal its prompt generated alone, token for token (the padding never
+    reaches a prompt through the convolution's cache)."""
+    config = dataclasses.replace(CONFIG, pattern=pattern, n_layers=max(2, len(pattern)), conv_size=4)
+    model = LM(config, rngs=nnx.Rngs(21))
+    prompt = jax.random.randint(jax.random.key(22), (4, 13), 0, CONFIG.vocab_size, dtype=jnp.int32)
+    for lengths in ([1], [1, 5, 9, 13]):
+        batch = prompt[: len(lengths)]
+        out = generate(model, batch, 6, prompt_lengths=jnp.asarray(lengths, jnp.int32), temperature=0.0).tokens
+        for b, n in enumerate(lengths):
+            alone = generate(model, batch[b : b + 1, 13 - n :], 6, temperature=0.0).tokens
+            assert out[b, 13:].tolist() == alone[0, n:].tolist(), (pattern, lengths, b)

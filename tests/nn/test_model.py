@@ -255,3 +255,56 @@ def test_token_ids_and_segment_ids_are_checked():
         jax.block_until_ready(
             nnx.jit(lambda m, t: m(t, debug_checks=True))(model, bad.at[0, 0].set(-5).at[0, 2].set(0))
         )
+
+
+@pytest.mark.parametrize("pattern", ["P", "A", "W", "PA", "PW"])
+def test_decode_after_a_short_last_document_continues_only_that_document(pattern):
+    """A packed prompt whose last document has 1 or 2 tokens, fewer than conv_size - 1 = 3, then decode steps with
+    segment_ids None (continue each row's last document): every logit of that document equals the document run
+    alone (the convolution never reads the previous document's inputs from its cache)."""
+    config = dataclasses.replace(TINY, pattern=pattern, n_layers=max(2, len(pattern)), conv_size=4, window=3)
+    model = LM(config, rngs=nnx.Rngs(11))
+    alone = nnx.jit(lambda m, t: m(t))
+    for last in (1, 2):
+        docs = ((7, last), (4, 3, last))
+        T = sum(docs[0])
+        toks = tokens(12 + last, 2, T + 4, config.vocab_size)
+        logits, caches = model.prefill(toks[:, :T], T + 4, segment_ids=_packed(docs))
+        pieces = [logits[:, T - last :]]
+        for t in range(T, T + 4):
+            logits, caches = model.decode_step(toks[:, t : t + 1], caches)
+            pieces.append(logits)
+        want = alone(model, toks[:, T - last :])
+        assert rel_err(jnp.concatenate(pieces, axis=1), want) < 1e-5, (pattern, last)
+
+
+@pytest.mark.parametrize("pattern, bits", [("P", None), ("A", None), ("W", None), ("A", 8)])
+def test_an_id_that_comes_back_starts_a_new_document_in_every_layer_kind(pattern, bits):
+    """A segment id that comes back (under jit inside one call, or in a later decode step) starts a new document
+    in every layer kind and in the convolution: logits equal those of the ids renumbered 0, 1, 2, ... (attention
+    rejoined the earlier run, retention started afresh). Known values are refused; a quantized KV cache holds one
+    document per row and refuses segment ids."""
+    config = dataclasses.replace(TINY, pattern=pattern, conv_size=3, window=4, kv_cache_bits=bits)
+    model = LM(config, rngs=nnx.Rngs(13))
+    toks = tokens(14, 2, 14, config.vocab_size)
+    ids = lambda runs: jnp.asarray([[i for i, n in runs for _ in range(n)]] * 2, jnp.int32)
+    returning, numbered = ids([(5, 4), (2, 3), (5, 3)]), ids([(0, 4), (1, 3), (2, 3)])
+    if bits is not None:
+        with pytest.raises(NotImplementedError, match="segment_ids .* with a quantized KV cache"):
+            model.prefill(toks[:, :7], 14, segment_ids=returning[:, :7])
+        return
+    forward = nnx.jit(lambda m, t, s: m(t, segment_ids=s))
+    assert rel_err(forward(model, toks[:, :10], returning), forward(model, toks[:, :10], numbered)) < 1e-6
+    with pytest.raises(ValueError, match="segment_ids must keep each document contiguous"):
+        model(toks[:, :10], segment_ids=returning)
+
+    def decoded(prompt_ids, step_ids):
+        logits, caches = model.prefill(toks[:, :7], 14, segment_ids=prompt_ids)
+        pieces = [logits]
+        for t, i in zip(range(7, 14), step_ids):
+            logits, caches = model.decode_step(toks[:, t : t + 1], caches, segment_ids=jnp.full((2, 1), i, jnp.int32))
+            pieces.append(logits)
+        return jnp.concatenate(pieces, axis=1)
+
+    got = decoded(returning[:, :7], [5, 5, 5, 2, 2, 5, 5])  # back to 5, then to 2, then to 5
+    assert rel_err(got, decoded(numbered[:, :7], [2, 2, 2, 3, 3, 4, 4])) < 1e-6

@@ -126,3 +126,62 @@ def test_a_zero_gate_is_an_exact_reset(path, gate):
     alone = power_retention(q[:, 23:], k[:, 23:], v[:, 23:], g[:, 23:], impl="reference")
     assert rel_err(got[:, 23:], alone) < 2e-6
     assert rel_err(got[:, :23], power_retention(q[:, :23], k[:, :23], v[:, :23], g[:, :23], impl="reference")) < 2e-6
+
+
+_SEG = jnp.asarray(np.repeat([4, 9], [17, T - 17])[None].repeat(2, 0), jnp.int32)  # a document starts at 17
+PACKED_RETENTION_PATHS = {
+    "reference": lambda *a: power_retention(*a, segment_ids=_SEG, impl="reference"),
+    "xla": lambda *a: power_retention(*a, segment_ids=_SEG, chunk_size=CHUNK, impl="xla"),
+    "pallas": lambda *a: power_retention(*a, segment_ids=_SEG, chunk_size=CHUNK, impl="pallas"),
+    "step": lambda *a: power_retention_step(init_state(2, 2, 16), *a, segment_ids=_SEG, chunk_size=16)[0],
+    "recurrence": lambda *a: power_retention_recurrence(*a, segment_ids=_SEG)[0],
+}
+
+
+@pytest.mark.parametrize("path", PACKED_RETENTION_PATHS)
+@pytest.mark.parametrize("t", [0, 17])
+@pytest.mark.parametrize("gate", [jnp.nan, 3.0])
+def test_a_bad_gate_at_a_document_start_poisons_that_document(path, t, gate):
+    """A NaN or positive gate at a document's first token (token 0, and token 17 where the id changes) is no valid
+    gate whatever the reset there: NaN in that document's rows of kv-head 0 from it on (was finite at 17), the
+    rows before it exactly as without it, every other row the same."""
+    q, k, v, g = random_qkv(4, 2, T, 4, 2, 16, gate="mild")  # d 16: the Pallas kernels'
+    run = jax.jit(PACKED_RETENTION_PATHS[path])
+    clean = np.asarray(run(q, k, v, g))
+    got = np.asarray(run(*_poison("log_g", t, gate, q, k, v, g)))
+    nan = np.zeros(got.shape, bool)
+    nan[:, t : 17 if t == 0 else T, :2] = True
+    assert np.isnan(got[nan]).all() and np.array_equal(got[:, :t], clean[:, :t])
+    # the other rows: the same values (the poisoned gate leaves the gates' cumulative sum, so it rounds otherwise)
+    assert np.isfinite(got[~nan]).all() and rel_err(got[~nan], clean[~nan]) < 1e-6
+
+
+UNDERFLOW_PATHS = {
+    "reference": lambda q, k, v, g, s: power_retention(q, k, v, g, scale=s, impl="reference"),
+    "xla": lambda q, k, v, g, s: power_retention(q, k, v, g, scale=s, chunk_size=CHUNK, impl="xla"),
+    "pallas": lambda q, k, v, g, s: power_retention(q, k, v, g, scale=s, chunk_size=CHUNK, impl="pallas"),
+    "step": lambda q, k, v, g, s: power_retention_step(init_state(2, 2, 16), q, k, v, g, scale=s, chunk_size=16)[0],
+    "recurrence": lambda q, k, v, g, s: power_retention_recurrence(q, k, v, g, scale=s)[0],
+}
+
+
+@pytest.mark.parametrize("path", UNDERFLOW_PATHS)
+def test_weights_that_all_underflow_give_nan_never_zeros(path):
+    """A row whose weights (scale q.k)^p exp(G_i - G_j) all round to 0 in float32 has a normaliser of 0: NaN, not
+    the zeros it gave (nor the reference's mean of the values). scale=1e-30 does that to every row; a query 1e-25
+    times smaller at token 0 (it sees only its own key) to row 0 alone, every other row exactly as without it."""
+    q, k, v, g = random_qkv(8, 2, T, 4, 2, 16, gate="mild")  # d 16: the Pallas kernels'
+    run = jax.jit(UNDERFLOW_PATHS[path], static_argnums=4)
+    assert np.isnan(np.asarray(run(q, k, v, g, 1e-30))).all()
+    clean = np.asarray(run(q, k, v, g, None))
+    got = np.asarray(run(q.at[:, 0].multiply(1e-25), k, v, g, None))
+    assert np.isnan(got[:, 0]).all() and np.array_equal(got[:, 1:], clean[:, 1:]) and np.isfinite(clean).all()
+
+
+@pytest.mark.parametrize("scale", [0.0, -1e-30, float("nan"), float("inf"), True])
+def test_a_scale_that_is_not_positive_and_finite_is_refused(scale):
+    q, k, v, g = random_qkv(8, 1, 4, 2, 2, 8, gate="mild")
+    with pytest.raises(ValueError, match=r"scale must be a finite number in \(0.0, inf\), got"):
+        power_retention(q, k, v, g, scale=scale)
+    with pytest.raises(ValueError, match=r"scale must be a finite number in \(0.0, inf\), got"):
+        softmax_attention(q, k, v, scale=scale)

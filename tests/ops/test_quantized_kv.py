@@ -181,3 +181,30 @@ def test_lm_decodes_with_a_quantized_cache(bits):
 def test_lm_refuses_other_cache_bits():
     with pytest.raises(ValueError, match="kv_cache_bits must be one of"):
         LMConfig(kv_cache_bits=2)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("where", ["k", "v"])
+def test_a_non_finite_key_or_value_poisons_the_rows_as_the_float_cache_does(bits, where):
+    """An inf in one channel of a key or value, in the prompt (filled) or in a decode step: every later row of its
+    batch row and kv-head is NaN in all its channels, exactly where the float cache's step gives NaN (not only in
+    the inf's group of 16), and every other row is finite."""
+    T, d, P = 12, 32, 5
+    q, k, v, _ = random_qkv(bits, 2, T, 4, 2, d)
+    for t_bad in (2, 8):  # in the prompt, in a decode step
+        arrays = {"k": k, "v": v}
+        arrays[where] = arrays[where].at[0, t_bad, 1, 21].set(jnp.inf)
+        kb, vb = arrays["k"], arrays["v"]
+        prompt = lambda x: x[:, :P]
+        float_cache = init_kv_cache(2, 2, d, T)
+        _, float_cache = softmax_attention_step(float_cache, prompt(q), prompt(kb), prompt(vb))
+        quantized = fill_quantized_kv_cache(init_quantized_kv_cache(2, 2, d, T, bits), prompt(kb), prompt(vb))
+        for t in range(P, T):
+            step = lambda x, t=t: x[:, t : t + 1]
+            y_float, float_cache = softmax_attention_step(float_cache, step(q), step(kb), step(vb))
+            y_quant, quantized = softmax_attention_step_quantized(quantized, step(q), step(kb), step(vb))
+            expected_nan = np.zeros(y_float.shape, bool)
+            expected_nan[0, :, 2:4] = t >= t_bad  # query heads 2 and 3 read kv-head 1
+            np.testing.assert_array_equal(np.isnan(y_float), expected_nan)
+            np.testing.assert_array_equal(np.isnan(y_quant), expected_nan, err_msg=f"t_bad={t_bad}, t={t}")
+            assert np.isfinite(np.asarray(y_quant)[~expected_nan]).all()

@@ -13,6 +13,7 @@ from retention import (
     softmax_attention,
     softmax_attention_step,
 )
+from retention.ops.attention import init_quantized_kv_cache, softmax_attention_step_quantized
 
 q = jnp.ones((1, 5, 4, 8), jnp.float32)
 kv = jnp.ones((1, 5, 2, 8), jnp.float32)
@@ -225,3 +226,82 @@ def test_debug_checks_raise_under_jit(name):
     arg = args() if callable(args) else args[0]
     with pytest.raises(Exception, match=match):
         jax.block_until_ready(jax.jit(fn)(arg))
+
+
+_float_cache = init_kv_cache(1, 2, 8, 16)
+_quantized_cache = init_quantized_kv_cache(1, 2, 8, 16, 8, group=8)
+CACHE_CASES = {
+    "tuple": (tuple(_float_cache), TypeError, r"cache must be a KVCache \(see init_kv_cache\), got tuple"),
+    "k head dim": (
+        _float_cache._replace(k=_float_cache.k[..., :4]),
+        ValueError,
+        r"cache.k must be \[B, H, L, d\] = \[1, 2, L, 8\] in float32: .* got \(1, 2, 16, 4\) float32",
+    ),
+    "v heads": (_float_cache._replace(v=_float_cache.v[:, :1]), ValueError, r"cache.v must be \[B, H, L, d\]"),
+    "k dtype": (
+        _float_cache._replace(k=_float_cache.k.astype(jnp.bfloat16)),
+        ValueError,
+        "cache.k must be .* in float32: a cache must match on B, H, d and dtype",
+    ),
+    "pos": (_float_cache._replace(pos=_float_cache.pos[:3]), ValueError, r"cache.pos must be an int array of shape"),
+    "segment_ids": (
+        _float_cache._replace(segment_ids=_float_cache.segment_ids[:, :15]),
+        ValueError,
+        r"cache.segment_ids must be an int array \[B, L\] = \(1, 16\), got \(1, 15\) int32",
+    ),
+    "length float": (_float_cache._replace(length=jnp.float32(0)), ValueError, "cache.length must be an int array"),
+    "length -5": (_float_cache._replace(length=jnp.int32(-5)), ValueError, r"cache.length must be >= 0 .* got -5"),
+    "length past max_len": (
+        _float_cache._replace(length=jnp.int32(40)),
+        ValueError,
+        r"a full-attention cache needs max_len >= its length \+ n = 40 \+ 1, got max_len=16",
+    ),
+    "quantized tuple": (
+        tuple(_quantized_cache),
+        TypeError,
+        r"cache must be a QuantizedKVCache \(see init_quantized_kv_cache\), got tuple",
+    ),
+    "quantized k": (
+        _quantized_cache._replace(k=_quantized_cache.k[..., :5]),
+        ValueError,
+        r"cache.k must be \[B, H, L, d\] = \[1, 2, L, 8\] int8 .* got \(1, 2, 16, 5\) int8",
+    ),
+    "quantized v dtype": (
+        _quantized_cache._replace(v=_quantized_cache.v.astype(jnp.uint8)),
+        ValueError,
+        "cache.v must",
+    ),
+    "quantized scale": (
+        _quantized_cache._replace(k_scale=_quantized_cache.k_scale.astype(jnp.float32)),
+        ValueError,
+        r"cache.k_scale must be bfloat16 \[B, H, L, d / group\]",
+    ),
+    "quantized length -5": (
+        _quantized_cache._replace(length=jnp.int32(-5)),
+        ValueError,
+        r"cache.length must be >= 0 .* got -5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CACHE_CASES))
+def test_kv_caches_of_another_type_shape_or_length_are_refused(case):
+    """A tuple cache failed with "'tuple' object has no attribute 'k'", a wrong shape deep in JAX (slice_sizes),
+    and length -5 was accepted; each now raises naming the field. Under jit the shapes are checked alike."""
+    cache, err, match = CACHE_CASES[case]
+    one = [jnp.ones((1, 1, h, 8), jnp.float32) for h in (4, 2, 2)]
+    step = softmax_attention_step_quantized if case.startswith("quantized") else softmax_attention_step
+    with pytest.raises(err, match=match):
+        step(cache, *one)
+    if "length" not in case:
+        with pytest.raises(err, match=match):
+            jax.jit(step)(cache, *one)
+
+
+def test_a_state_of_another_type_is_refused():
+    state = init_state(1, 2, 8)
+    one = [jnp.ones((1, 1, h, 8), jnp.float32) for h in (4, 2, 2)]
+    with pytest.raises(TypeError, match=r"state must be a RetentionState\(S, z\) \(see init_state\), got tuple"):
+        power_retention_step(tuple(state), *one)
+    with pytest.raises(TypeError, match=r"state must be a RetentionState\(S, z\) .* got list"):
+        power_retention_step(list(state), *one)

@@ -14,6 +14,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, poison_nonfinite, visible
 from retention.ops.attention.validation import check_window
+from retention.ops.segments import document_index
 from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_int
@@ -90,5 +91,5 @@ def softmax_attention_context_parallel(
 
     seq = P(rows, axis, None, None)
     in_specs = (seq, seq, seq) + ((P(rows, axis),) if packed else ())
-    args = (q, k, v) + ((segment_ids.astype(jnp.int32),) if packed else ())
+    args = (q, k, v) + ((document_index(segment_ids),) if packed else ())  # a returning id: a new document
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=seq)(*args)

@@ -75,6 +75,48 @@ def fill_kv_cache(
     )
 
 
+def describe_array(x) -> str:
+    """An array's shape and dtype for a message, or its type when it is no array."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        return type(x).__name__
+    return f"{tuple(x.shape)} {x.dtype}"
+
+
+def check_cache_slots(cache, name: str, B: int) -> int:
+    """The slot bookkeeping both KV caches share: pos [L] int, length [] int (>= 0 when its value is known), with
+    L the slots of `cache.k` [B, H, L, c]. Returns L. Raises ValueError naming `name`'s field."""
+    L = cache.k.shape[2]
+    for field, shape in (("pos", (L,)), ("length", ())):
+        x = getattr(cache, field)
+        if getattr(x, "shape", None) != shape or not jnp.issubdtype(x.dtype, jnp.integer):
+            raise ValueError(f"{name}.{field} must be an int array of shape {shape}, got {describe_array(x)}")
+    length = concrete(cache.length)
+    if length is not None and int(length) < 0:
+        raise ValueError(f"{name}.length must be >= 0 (the tokens written), got {int(length)}")
+    return L
+
+
+def check_kv_cache(cache, k, name: str = "cache") -> None:
+    """`cache` is a KVCache for the new keys k [B, n, H, d]: k and v [B, H, L, d] in k's dtype, segment_ids [B, L]
+    int, pos and length as `check_cache_slots`. Raises TypeError or ValueError naming the argument."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"{name} must be a KVCache (see init_kv_cache), got {type(cache).__name__}")
+    B, _, H, d = k.shape
+    for field in ("k", "v"):
+        x = getattr(cache, field)
+        if getattr(x, "ndim", None) != 4 or x.shape[:2] != (B, H) or x.shape[3] != d or x.dtype != k.dtype:
+            raise ValueError(
+                f"{name}.{field} must be [B, H, L, d] = [{B}, {H}, L, {d}] in {k.dtype}: a cache must match on B, H, "
+                f"d and dtype the new k {tuple(k.shape)} {k.dtype}, got {describe_array(x)}"
+            )
+    if cache.v.shape != cache.k.shape:
+        raise ValueError(f"{name}.v must have {name}.k's shape {cache.k.shape}, got {cache.v.shape}")
+    L = check_cache_slots(cache, name, B)
+    seg = cache.segment_ids
+    if getattr(seg, "shape", None) != (B, L) or not jnp.issubdtype(seg.dtype, jnp.integer):
+        raise ValueError(f"{name}.segment_ids must be an int array [B, L] = {(B, L)}, got {describe_array(seg)}")
+
+
 def last_segment_ids(cache: KVCache) -> Int[Array, " B"]:
     """Each row's segment id of the last token written (0 for an empty cache)."""
     L = cache.k.shape[2]
@@ -89,19 +131,19 @@ def _key_block(rows: int, S: int) -> int:
     return S if block >= S else block
 
 
-def _fold_keys(carry, q_blk, q_pos, q_seg, keys, window, n_blocks, block: int):
+def _fold_keys(carry, q_blk, q_pos, q_start, keys, window, n_blocks, block: int):
     """Fold the first n_blocks blocks of `block` keys of one source into the online-softmax carry of one query
-    block: q_blk [B, H, g, r, d] at positions q_pos [r] with segment ids q_seg [B, r]; keys = (k [B, H, S, d],
-    v [B, H, S, d], pos [S] (-1: empty), seg [B, S]). The last block starts at S - block (overlapping the one
-    before it; the keys it repeats are masked), so no source is padded or copied."""
-    k_src, v_src, pos_src, seg_src = keys
+    block: q_blk [B, H, g, r, d] at positions q_pos [r] whose documents start at positions q_start [B, r]; keys =
+    (k [B, H, S, d], v [B, H, S, d], pos [S] (-1: empty)). A query sees the keys from its document's start to
+    itself (within the window). The last block starts at S - block (overlapping the one before it; the keys it
+    repeats are masked), so no source is padded or copied."""
+    k_src, v_src, pos_src = keys
     S = k_src.shape[2]
 
     def fold(carry, start, first_new):
         k_blk, v_blk = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k_src, v_src))
         pos = jax.lax.dynamic_slice_in_dim(pos_src, start, block)
-        seg = jax.lax.dynamic_slice_in_dim(seg_src, start, block, axis=1)
-        ok = visible(q_pos[:, None], pos[None, :], window, q_seg[:, :, None], seg[:, None, :])
+        ok = visible(q_pos[:, None], pos[None, :], window) & (pos[None, None, :] >= q_start[:, :, None])
         ok = (ok & (pos >= 0) & (start + jnp.arange(block) >= first_new))[:, None, None]  # [B, 1, 1, r, block]
         s = jnp.einsum("bhgrd,bhkd->bhgrk", q_blk, k_blk.astype(q_blk.dtype), preferred_element_type=q_blk.dtype)
         return online_softmax_update(carry, jnp.where(ok, s, MASKED), ok, v_blk[:, :, None])
@@ -129,20 +171,18 @@ def softmax_attention_step(
     that row sees: max_len >= total length for full attention (checked: n > max_len, or a known length + n >
     max_len, raises ValueError; under jit the rows of a step after the cache overflowed are NaN), >= window + n - 1
     for a sliding window. segment_ids [B, n]: the new tokens' documents (each query sees only its own document's
-    keys, the cache's included); None continues each row's last document. Jit the caller with the cache donated
-    (or run it inside a compiled loop) so the write needs no copy. debug_checks: raise ValueError for non-finite
-    q, k, v and for a full-attention overflow, also under jit.
+    keys, the cache's included; a change of id starts a fresh document, so an id that comes back sees nothing of
+    its earlier run: `retention.ops.segments`); None continues each row's last document. Jit the caller with the
+    cache donated (or run it inside a compiled loop) so the write needs no copy. debug_checks: raise ValueError for
+    non-finite q, k, v and for a full-attention overflow, also under jit.
     """
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)
     B, n, Hq, d = q.shape
+    check_kv_cache(cache, k)
     H, L = cache.k.shape[1], cache.k.shape[2]
     check_segment_ids(segment_ids, B, n)
-    if cache.k.shape != (B, k.shape[2], L, d) or cache.k.dtype != k.dtype:
-        raise ValueError(
-            f"cache holds k {cache.k.shape} {cache.k.dtype}; new k {k.shape} {k.dtype} must match on B, H, d and dtype"
-        )
     if window is not None and L < window + n - 1:
         raise ValueError(f"a sliding-window cache needs max_len >= window + n - 1 = {window + n - 1}, got {L}")
     length = concrete(cache.length)
@@ -167,8 +207,8 @@ def softmax_attention_step(
         cache,
         rearrange(q.astype(acc_dtype(q)) * scale, "B n (H g) d -> B H g n d", H=H),
         new_pos,
-        seg_new,
-        (k_BHnd, v_BHnd, new_pos, seg_new),
+        _document_start_positions(cache, seg_new, new_pos),
+        (k_BHnd, v_BHnd, new_pos),
         window,
     )
     if window is None:  # the cache overflowed before this step: the keys these rows need are gone
@@ -190,7 +230,19 @@ def softmax_attention_step(
     return y, KVCache(k=k_cache, v=v_cache, pos=pos, segment_ids=seg_cache, length=cache.length + n)
 
 
-def _attend(cache: KVCache, q_BHgnd, q_pos, q_seg, new_keys, window):
+def _document_start_positions(cache: KVCache, seg_new_Bn, new_pos_n) -> Int[Array, "B n"]:
+    """The position where each new token's document starts: its last change of segment id, in the step or before
+    it (the last slot of another id than the row's last one, + 1: the cache holds the latest tokens, so an older
+    change is before every slot; 0 when there is none). A change of id always starts a fresh document."""
+    last_B = last_segment_ids(cache)
+    other_BL = (cache.pos[None] >= 0) & (cache.segment_ids != last_B[:, None])
+    cache_start_B = jnp.max(jnp.where(other_BL, cache.pos[None] + 1, 0), axis=1)
+    previous_Bn = jnp.concatenate([last_B[:, None], seg_new_Bn[:, :-1]], axis=1)
+    step_start_Bn = jax.lax.cummax(jnp.where(seg_new_Bn != previous_Bn, new_pos_n[None], -1), axis=1)
+    return jnp.where(step_start_Bn >= 0, step_start_Bn, cache_start_B[:, None])
+
+
+def _attend(cache: KVCache, q_BHgnd, q_pos, q_start, new_keys, window):
     """The n queries [B, H, g, n, d] (scaled, accumulation dtype) against the old cache and the new keys, in query
     blocks of STEP_QUERY_BLOCK rows: [B, H, g, n, d] (acc / den of the online softmax)."""
     B, H, g, n, d = q_BHgnd.shape
@@ -200,20 +252,20 @@ def _attend(cache: KVCache, q_BHgnd, q_pos, q_seg, new_keys, window):
     pad = n_q * rows - n  # padded query rows see whatever they see, and are cropped
     q_BHgnd = jnp.pad(q_BHgnd, [(0, 0)] * 3 + [(0, pad), (0, 0)])
     q_pos = jnp.pad(q_pos, (0, pad), mode="edge")
-    q_seg = jnp.pad(q_seg, [(0, 0), (0, pad)], mode="edge")
-    old_keys = (cache.k, cache.v, cache.pos, cache.segment_ids)
+    q_start = jnp.pad(q_start, [(0, 0), (0, pad)], mode="edge")
+    old_keys = (cache.k, cache.v, cache.pos)
     old_block, new_block = _key_block(B * H * g * rows, L), _key_block(B * H * g * rows, n)
 
     def one_query_block(i):
         lo = i * rows
         q_blk = jax.lax.dynamic_slice_in_dim(q_BHgnd, lo, rows, axis=3)
         pos = jax.lax.dynamic_slice_in_dim(q_pos, lo, rows)
-        seg = jax.lax.dynamic_slice_in_dim(q_seg, lo, rows, axis=1)
+        start = jax.lax.dynamic_slice_in_dim(q_start, lo, rows, axis=1)
         zeros = jnp.zeros(q_blk.shape[:-1], q_blk.dtype)
         carry = (jnp.full_like(zeros, MASKED), zeros, jnp.zeros_like(q_blk))
-        carry = _fold_keys(carry, q_blk, pos, seg, old_keys, window, -(-L // old_block), old_block)
+        carry = _fold_keys(carry, q_blk, pos, start, old_keys, window, -(-L // old_block), old_block)
         seen_new = -(-jnp.minimum(n, lo + rows) // new_block)  # new-key blocks up to this block's last row
-        _, den, acc = _fold_keys(carry, q_blk, pos, seg, new_keys, window, seen_new, new_block)
+        _, den, acc = _fold_keys(carry, q_blk, pos, start, new_keys, window, seen_new, new_block)
         return acc / den[..., None]
 
     if n_q == 1:

@@ -27,6 +27,7 @@ from retention.ops.attention.scores import poison_nonfinite
 from retention.ops.attention.splash import splash_attention
 from retention.ops.attention.validation import ATTENTION_IMPLS, check_window
 from retention.ops.platform import target_platform
+from retention.ops.segments import document_index
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_choice
 
@@ -54,9 +55,9 @@ def softmax_attention(
     debug_checks: bool = False,
 ) -> Float[Array, "B T Hq d"]:
     """Causal softmax attention; with `window`, query t sees keys t-window+1 .. t; with segment_ids [B, T] (equal
-    ids form one document, contiguous in time) only keys of its own document. Returns [B, T, Hq, d] in v's dtype.
-    impl: one of ATTENTION_IMPLS (see the module docstring); debug_checks: raise ValueError for non-finite q, k,
-    v and non-contiguous documents."""
+    ids form one document, contiguous in time; a change of id starts a fresh one) only keys of its own document.
+    Returns [B, T, Hq, d] in v's dtype. impl: one of ATTENTION_IMPLS (see the module docstring); debug_checks:
+    raise ValueError for non-finite q, k, v and non-contiguous documents."""
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)
@@ -65,6 +66,8 @@ def softmax_attention(
     if debug_checks:
         check_at_runtime(runtime_input_checks({"q": q, "k": k, "v": v}, segment_ids))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if segment_ids is not None:  # documents by number: an id that comes back (under jit) starts a new one
+        segment_ids = document_index(segment_ids)
     platform = target_platform()
     if impl == "splash" or (impl == "auto" and platform == "tpu"):
         q, k, v = poison_nonfinite(q, k, v)

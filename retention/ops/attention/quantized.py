@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int, Shaped
 
-from retention.ops.attention.decode import KVCache, softmax_attention_step
+from retention.ops.attention.decode import KVCache, check_cache_slots, describe_array, softmax_attention_step
+from retention.ops.attention.scores import poison_nonfinite_kv
 from retention.ops.validation import check_qkv
 from retention.validation import check_choice, check_int
 
@@ -56,6 +57,35 @@ def check_quantization(head_dim: int, bits: int, group: int) -> None:
         raise ValueError(f"group must divide head_dim={head_dim}, got {group}")
     if bits == 4 and head_dim % 2:
         raise ValueError(f"4-bit values are packed two per byte: head_dim must be even, got {head_dim}")
+
+
+def check_quantized_kv_cache(cache, k, name: str = "cache") -> None:
+    """`cache` is a QuantizedKVCache for the new keys k [B, n, H, d]: k and v [B, H, L, d] int8 or [B, H, L, d / 2]
+    uint8 (one dtype), k_scale and v_scale [B, H, L, d / group] bfloat16 with group dividing d, pos and length as
+    `check_cache_slots`. Raises TypeError or ValueError naming the argument."""
+    if not isinstance(cache, QuantizedKVCache):
+        raise TypeError(f"{name} must be a QuantizedKVCache (see init_quantized_kv_cache), got {type(cache).__name__}")
+    B, _, H, d = k.shape
+    for field in ("k", "v"):
+        x = getattr(cache, field)
+        bits = {jnp.dtype(jnp.int8): 8, jnp.dtype(jnp.uint8): 4}.get(getattr(x, "dtype", None))
+        if bits is None or x.ndim != 4 or x.shape[:2] != (B, H) or x.shape[3] != d * bits // 8 or d * bits % 8:
+            raise ValueError(
+                f"{name}.{field} must be [B, H, L, d] = [{B}, {H}, L, {d}] int8 or [{B}, {H}, L, {d} / 2] uint8 "
+                f"(4-bit): a cache must match on B, H and d the new k {tuple(k.shape)}, got {describe_array(x)}"
+            )
+    if cache.v.shape != cache.k.shape or cache.v.dtype != cache.k.dtype:
+        want, got = describe_array(cache.k), describe_array(cache.v)
+        raise ValueError(f"{name}.v must have {name}.k's shape and dtype {want}, got {got}")
+    L = check_cache_slots(cache, name, B)
+    for field in ("k_scale", "v_scale"):
+        x = getattr(cache, field)
+        ok = getattr(x, "ndim", None) == 4 and x.shape[:3] == (B, H, L) and x.shape[3] >= 1 and d % x.shape[3] == 0
+        if not ok or x.dtype != jnp.bfloat16 or x.shape != cache.k_scale.shape:
+            raise ValueError(
+                f"{name}.{field} must be bfloat16 [B, H, L, d / group] = [{B}, {H}, {L}, d / group] with group "
+                f"dividing d={d} (as k_scale), got {describe_array(x)}"
+            )
 
 
 def cache_bits(cache: QuantizedKVCache) -> int:
@@ -121,8 +151,10 @@ def dequantized(cache: QuantizedKVCache, dtype) -> KVCache:
 
 
 def _write(cache: QuantizedKVCache, k_BHnd, v_BHnd, new_pos) -> QuantizedKVCache:
-    """Quantize n tokens' keys and values [B, H, n, d] and write them at slots new_pos % L."""
+    """Quantize n tokens' keys and values [B, H, n, d] (a token with a non-finite one poisoned first, as the float
+    cache stores it: k all NaN, v 0) and write them at slots new_pos % L."""
     bits, group, L = cache_bits(cache), cache_group(cache), cache.k.shape[2]
+    k_BHnd, v_BHnd = poison_nonfinite_kv(k_BHnd, v_BHnd)
     arrays = (*quantize(k_BHnd, bits, group), *quantize(v_BHnd, bits, group))
     slots = new_pos % L
     if new_pos.shape[0] == 1:
@@ -137,6 +169,7 @@ def fill_quantized_kv_cache(
     cache: QuantizedKVCache, k: Float[Array, "B T H d"], v: Float[Array, "B T H d"]
 ) -> QuantizedKVCache:
     """A prompt's keys and values (positions 0..T-1) into an empty cache: the last min(T, L) of them, quantized."""
+    check_quantized_kv_cache(cache, k)
     T, L = k.shape[1], cache.k.shape[2]
     kept = min(T, L)
     to_heads = lambda x: rearrange(x[:, T - kept :], "B n H d -> B H n d")
@@ -163,12 +196,10 @@ def softmax_attention_step_quantized(
     tokens are written. Row i equals dense attention over the dequantized keys and values of the whole sequence
     under the same conditions as the float step (max_len >= total length, or >= window + n - 1)."""
     check_qkv(q, k, v)
-    B, n, H, d = k.shape
-    L = cache.k.shape[2]
-    bits = cache_bits(cache)
-    if cache.k.shape != (B, H, L, d * bits // 8):
-        raise ValueError(f"cache holds k {cache.k.shape} ({bits}-bit); new k {k.shape} must match on B, H and d")
-    group = cache_group(cache)
+    check_quantized_kv_cache(cache, k)
+    n = k.shape[1]
+    bits, group = cache_bits(cache), cache_group(cache)
+    k, v = poison_nonfinite_kv(k, v)  # before quantizing: a token's inf poisons its whole key, not its group
     k_hat, v_hat = (dequantize(*quantize(x, bits, group), dtype=x.dtype) for x in (k, v))
     y, _ = softmax_attention_step(dequantized(cache, k.dtype), q, k_hat, v_hat, window=window, scale=scale)
     new_pos = cache.length + jnp.arange(n, dtype=jnp.int32)

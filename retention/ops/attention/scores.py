@@ -25,10 +25,15 @@ def poison_nonfinite(q, k, v):
     """(q, k, v) with non-finite tokens made explicit: a query row [.., d] with a NaN or inf becomes all NaN, and
     a token whose key or value has one gets k = NaN (so every row that sees it scores NaN and outputs NaN) and
     v = 0 (so no masked 0 * NaN reaches a row that does not see it)."""
-    nan = jnp.asarray(jnp.nan, q.dtype)
-    q = jnp.where(jnp.isfinite(q).all(-1, keepdims=True), q, nan)
+    q = jnp.where(jnp.isfinite(q).all(-1, keepdims=True), q, jnp.asarray(jnp.nan, q.dtype))
+    return q, *poison_nonfinite_kv(k, v)
+
+
+def poison_nonfinite_kv(k, v):
+    """(k, v) [..., d] with a token whose key or value has a NaN or inf given k = NaN and v = 0 (`poison_nonfinite`):
+    what a KV cache stores, so that every later row that sees the token is NaN in all its channels."""
     bad = ~(jnp.isfinite(k).all(-1, keepdims=True) & jnp.isfinite(v).all(-1, keepdims=True))
-    return q, jnp.where(bad, nan, k), jnp.where(bad, jnp.zeros((), v.dtype), v)
+    return jnp.where(bad, jnp.asarray(jnp.nan, k.dtype), k), jnp.where(bad, jnp.zeros((), v.dtype), v)
 
 
 def online_softmax_update(carry, s, ok, v):

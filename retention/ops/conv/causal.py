@@ -5,8 +5,9 @@ their projections, as in Based, Mamba, GLA and DeltaNet):
 
 Tokens before the sequence are zeros, or the `prefix` of the K - 1 inputs that came before (a decode cache, or the
 neighbouring device's last tokens). With `segment_ids [B, T]` (equal id = same document, documents contiguous in
-time) a token never sees an input of another document: the masked taps are dropped with `jnp.where`, so a NaN in
-one document never reaches another. The prefix belongs to the document of token 0 unless its own ids say otherwise.
+time) a token never sees an input of another document: a tap with a change of id between it and the token is
+dropped with `jnp.where` (so an id that comes back starts a fresh document, as in every op), and a NaN in one
+document never reaches another. The prefix belongs to the document of token 0 unless its own ids say otherwise.
 """
 
 import jax
@@ -56,10 +57,12 @@ def causal_conv(
     acc = jnp.promote_types(x_BTC.dtype, jnp.float32)  # float32, or float64 for float64 inputs
     kernel = kernel_KC.astype(acc)
     y_BTC = x_BTC.astype(acc) * kernel[K - 1]
-    for i in range(K - 1):  # tap i reads the input K - 1 - i tokens back
+    same_BT = None
+    for i in reversed(range(K - 1)):  # tap i reads the input K - 1 - i tokens back: nearest first
         tap_BTC = xp_BSC[:, i : i + T].astype(acc)
-        if segment_ids_BT is not None:
-            same_BT = seg_BS[:, i : i + T] == segment_ids_BT
+        if segment_ids_BT is not None:  # no change of id between the tap and the token
+            unchanged_BT = seg_BS[:, i : i + T] == seg_BS[:, i + 1 : i + 1 + T]
+            same_BT = unchanged_BT if same_BT is None else same_BT & unchanged_BT
             tap_BTC = jnp.where(same_BT[..., None], tap_BTC, 0.0)
         y_BTC = y_BTC + tap_BTC * kernel[i]
     return y_BTC.astype(x_BTC.dtype)

@@ -70,10 +70,11 @@ def state_write(k_BHcd: Float[Array, "B H c d"], u_BHce: Float[Array, "B H c e"]
 
 
 def normalise(y_aug: Float[Array, "... e"]) -> Float[Array, "... d"]:
-    """Numerator columns over the last (normaliser) column. A row whose weights are all zero (padding, or every
-    weight underflowed) gives 0, and a NaN-free gradient, instead of 0/0; a NaN normaliser stays NaN.
-    Differentiated as in `_ratio`."""
-    return _ratio(y_aug[..., :-1], y_aug[..., -1:])
+    """Numerator columns over the last (normaliser) column. A row whose weights are all zero (every weight
+    underflowed, or padding, which is cropped) gives NaN, never 0, with a NaN-free gradient (the `where` sends
+    none to `_ratio` there); a NaN normaliser stays NaN. Differentiated as in `_ratio`."""
+    den = y_aug[..., -1:]
+    return jnp.where(den == 0, jnp.nan, _ratio(y_aug[..., :-1], den))
 
 
 @jax.custom_jvp

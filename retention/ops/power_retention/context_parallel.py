@@ -28,11 +28,12 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
 from retention.ops.power_retention.chunk_math import decay_state, gate_factors, state_write
-from retention.ops.power_retention.gates import chunk_gates, document_starts
+from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.op import power_retention, run_debug_checks
 from retention.ops.power_retention.pallas import interpreted
 from retention.ops.power_retention.state import RetentionState, augment, check_state, split, with_ones
 from retention.ops.power_retention.validation import STATE_IMPLS, check_op_args, default_chunk_size
+from retention.ops.segments import document_starts
 from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
 
 

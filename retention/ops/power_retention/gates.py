@@ -5,9 +5,10 @@ Per token t and kv-head (log_g None: 0; segment_ids None: one document):
 - reset_t (the state carried into t is cleared): log_g_t <= LOG_G_ZERO (-inf, or a gate whose float32 value
   exp(log_g_t) is exactly 0, where the recurrence multiplies the state by 0), or t > 0 and
   segment_ids[b, t] != segment_ids[b, t-1] (a new document). Token 0 of a call never resets by segment ids;
-- a_t, the finite log-gate: 0 at a reset, else log_g_t; NaN where log_g_t is positive or NaN, or where k_t or v_t
-  has a non-finite entry. Those k_t, v_t become zeros, so the token's NaN travels only through a: it reaches that
-  row and every later row of its document, and no masked product 0 * NaN reaches any other row.
+- a_t, the finite log-gate: 0 at a reset, else log_g_t; NaN where log_g_t is positive or NaN (also at a reset: a
+  document's first token, or token 0, with such a gate is poisoned), or where k_t or v_t has a non-finite entry.
+  Those k_t, v_t become zeros, so the token's NaN travels only through a: it reaches that row and every later row
+  of its document, and no masked product 0 * NaN reaches any other row.
 Per chunk of c tokens (T padded to N*c with a = 0 and no reset):
 - F_i: the inclusive sum of a from the chunk's start (the contract's), except that it is NaN from a NaN a_t of i's
   own document on, and a NaN of an earlier document does not enter it;
@@ -22,7 +23,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from einops import rearrange
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
+
+from retention.ops.segments import document_starts
 
 LOG_G_ZERO = -104.0  # exp(x) rounds to 0 in float32 below about -103.97: such a gate is a reset
 
@@ -35,12 +38,6 @@ class ChunkGates(NamedTuple):
     v: Float[Array, "B T H d"]
     F: Float[Array, "B N H c"]
     R: Int[Array, "B N H c"]
-
-
-def document_starts(segment_ids: Int[Array, "B T"]) -> Bool[Array, "B T"]:
-    """True where a token's segment id differs from the previous token's (never at token 0)."""
-    change = segment_ids[:, 1:] != segment_ids[:, :-1]
-    return jnp.concatenate([jnp.zeros((segment_ids.shape[0], 1), bool), change], axis=1)  # [B, 1] for T = 1 too
 
 
 def _document_cumsum(a: Float[Array, "... c"], R: Int[Array, "... c"]) -> Float[Array, "... c"]:
@@ -70,8 +67,8 @@ def chunk_gates(
     reset = log_g <= LOG_G_ZERO
     if segment_ids is not None:
         reset = reset | document_starts(segment_ids)[..., None]
-    a = jnp.where(reset, 0.0, jnp.where(log_g <= 0, log_g, jnp.nan))  # positive or NaN gates: NaN
-    a = jnp.where(bad, jnp.nan, a)  # after the reset: a poisoned token that starts a document stays NaN
+    a = jnp.where(reset, 0.0, log_g)
+    a = jnp.where(bad | ~(log_g <= 0), jnp.nan, a)  # after the reset: a poisoned token (or gate) stays NaN
     c = chunk_size
     N = -(-T // c)
     pad = [(0, 0), (0, N * c - T), (0, 0)]

@@ -2,7 +2,9 @@
 recurrence. Both compute in float64 when the inputs are float64, else float32; for tests and small inputs only.
 
 Quadratic: s_ij = p * log(|scale q_i . k_j| + 1e-7) + G_i - G_j for j <= i in one document, the row max
-subtracted, and 1e-6 added to the normaliser in that row-max space; O(T^2) memory, no state.
+subtracted, and 1e-6 added to the normaliser in that row-max space; O(T^2) memory, no state. A row whose plain
+weights (scale q_i . k_j)^p exp(G_i - G_j) all round to 0 in the compute dtype is NaN, as on every path (its
+normaliser is 0).
 Recurrence: S_t = g_t S_{t-1} + phi(k_t) v_t^T, z_t = g_t z_{t-1} + phi(k_t), y_t = phi(q_t) S_t / phi(q_t) z_t,
 one token at a time from an initial state; it returns the final state too. Its phi is built from the definition
 (a gather of the monomials' factors), not by `sympow`, so it checks that too.
@@ -50,13 +52,16 @@ def power_retention_reference(
     q_BHgTd = rearrange(q.astype(dtype), "B T (H g) d -> B H g T d", H=H)
     k_BHTd = rearrange(gates.k.astype(dtype), "B T H d -> B H T d")
     v_BHTd = rearrange(gates.v.astype(dtype), "B T H d -> B H T d")
-    logits = deg * jnp.log(jnp.abs(scale * jnp.einsum("bhgid,bhjd->bhgij", q_BHgTd, k_BHTd)) + 1e-7)
-    logits = logits + (G_BHT[:, :, None, :, None] - G_BHT[:, :, None, None, :])
+    qk = jnp.einsum("bhgid,bhjd->bhgij", q_BHgTd, k_BHTd)
+    gate_BHgij = G_BHT[:, :, None, :, None] - G_BHT[:, :, None, None, :]
+    logits = deg * jnp.log(jnp.abs(scale * qk) + 1e-7) + gate_BHgij
     same_document = R_BHT[:, :, :, None] == R_BHT[:, :, None, :]
     visible = jnp.tril(jnp.ones((T, T), dtype=bool)) & same_document[:, :, None]
     logits = jnp.where(visible, logits, -jnp.inf)
     weights = jnp.exp(logits - logits.max(axis=-1, keepdims=True))
     y = jnp.einsum("bhgij,bhjd->bhgid", weights, v_BHTd) / (weights.sum(axis=-1)[..., None] + 1e-6)
+    plain = jnp.where(visible, (scale * qk) ** deg * jnp.exp(jnp.where(visible, gate_BHgij, 0.0)), 0.0)
+    y = jnp.where((plain.sum(axis=-1) == 0)[..., None], jnp.nan, y)  # every weight rounds to 0: 0/0, NaN
     return rearrange(y, "B H g T d -> B T (H g) d").astype(v.dtype)
 
 
@@ -80,12 +85,15 @@ def _token(S_aug, q_BHgd, k_BHd, v_aug_BHe, a_BH, reset_BH, deg):
     cancellation across features), then write the token. Returns (S_aug, y_aug [B, H, g, e]).
 
     a is the token's finite log-gate and reset its reset (`gates.chunk_gates` with chunks of one token): the decay
-    is exp(a), or 0 at a reset; the own term carries exp(a - a), 1 or the token's NaN, as the chunked forms do."""
+    is exp(a), or 0 at a reset; the own term and the token's write carry exp(a - a), 1 or the token's NaN, as the
+    chunked forms do (so a poisoned token that starts a document poisons the rest of it)."""
     _, _, decay_BH = gate_factors(a_BH[..., None], reset_BH[..., None], deg)
-    own_BHg = jnp.einsum("bhgd,bhd->bhg", q_BHgd, k_BHd) ** deg * jnp.exp(a_BH - a_BH)[..., None]
+    mark_BH = jnp.exp(a_BH - a_BH)
+    own_BHg = jnp.einsum("bhgd,bhd->bhg", q_BHgd, k_BHd) ** deg * mark_BH[..., None]
     y_aug = decay_state(decay_BH, jnp.einsum("bhgD,bhDe->bhge", _phi(q_BHgd, deg), S_aug))
     y_aug = y_aug + own_BHg[..., None] * v_aug_BHe[:, :, None, :]
-    S_aug = decay_state(decay_BH, S_aug) + jnp.einsum("bhD,bhe->bhDe", _phi(k_BHd, deg), v_aug_BHe)
+    write = jnp.einsum("bhD,bhe->bhDe", _phi(k_BHd, deg), v_aug_BHe) * mark_BH[..., None, None]
+    S_aug = decay_state(decay_BH, S_aug) + write
     return S_aug, y_aug
 
 
