@@ -1,6 +1,6 @@
 """Export a run's trained parameters: `python -m retention.export RUN_DIR OUT [--step N]` writes OUT/model.safetensors
 (one tensor per parameter, named by its key path) and OUT/config.json (the run's record: config, LMConfig,
-parameter shapes; and the step). `retention.load_run(OUT)` reads it back, checked (retention/run.py).
+parameter shapes; and the step). `retention.load_run(OUT)` reads it back, checked (retention/load.py).
 
 Integrity, as a checkpoint has it: the weights file's metadata holds the step, the record's sha256 and a checksum
 pair per tensor (retention/train/checksum.py); config.json holds the record, its sha256 and the step, so a
@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from retention.run import EXPORT_CONFIG, EXPORT_WEIGHTS, is_run_folder, read_run, weight_name
+from retention.load import EXPORT_CONFIG, EXPORT_WEIGHTS, is_run_folder, read_run, weight_name
 from retention.train.checksum import tree_checksums
 from retention.train.record import record_digest
 

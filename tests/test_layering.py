@@ -16,7 +16,7 @@ LAYERS = {
     "retention.data": 1,
     "retention.nn": 2,
     "retention.train": 3,
-    "retention.run": 4,
+    "retention.load": 4,
     "retention.export": 4,
     "retention.generation": 4,
     "retention.serve": 4,

@@ -3,7 +3,7 @@
 A leaf library: arrays in, arrays out (it imports nothing from `retention`). Entry points:
 - `chunked_retention(q, k, v, F, R, S_exp, Z, *, scale, chunk_size, ...) -> (y, S_exp, Z)` (F, R [B, T, H]: within
   each chunk, the inclusive sum of the log-gates and the count of resets, as the op's gates.py makes them),
-  differentiable in every input but R (chunked.py, its VJP in vjp.py);
+  differentiable in every input but R (chunked_retention.py, its VJP in vjp.py);
 - `decode_state_pass(q_t, k_t, v, gamma, S, ...) -> (read, S)`: the pass over the exact state of a decode step
   (decode.py), forward only;
 - `check_supported(deg, d, g, backend, chunk)`: what the kernels support; `BlockSizes` and `default_block_sizes`:
@@ -31,7 +31,7 @@ the Mosaic one is measured faster on a device.
 The backward (vjp.py) keeps those boundary states (no recomputation), runs the same state pass in reverse on
 (q, dy / den) for the state gradients, then the gradient kernel (gradient_kernel.py), parallel over chunks. Z is
 scanned by XLA. Decode (decode.py) reads and updates S in its exact symmetric layout in one pass. The per-chunk
-arithmetic is shared (chunk_math.py); block sizes and compiler settings per backend are in config.py.
+arithmetic is shared (kernel_math.py); block sizes and compiler settings per backend are in config.py.
 
 Cost per pass, per kv-head with one query head (g = 1), T tokens in N = T / c chunks, d = e, operands of b bytes
 (FLOPs counted as 2 per multiply-add; q, k, v reads of O(T d b) bytes left out):
@@ -46,7 +46,7 @@ expanded state doubles both against the symmetric form; recomputing the boundary
 of saving them would cut the bytes to 3 N d^2 e b for 2 T d^2 e more FLOPs (not done: unmeasured).
 """
 
-from pallas_kernels.power_retention.chunked import chunked_retention
+from pallas_kernels.power_retention.chunked_retention import chunked_retention
 from pallas_kernels.power_retention.config import (
     BlockSizes,
     candidate_block_sizes,

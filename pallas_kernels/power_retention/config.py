@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from pallas_kernels.power_retention.chunk_math import F32, Matmul
+from pallas_kernels.power_retention.kernel_math import F32, Matmul
 
 BACKENDS = ("gpu", "tpu")
 FORWARD_KERNELS = ("triton", "mosaic")

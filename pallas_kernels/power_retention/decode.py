@@ -22,7 +22,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jaxtyping import Array, Float
 
-from pallas_kernels.power_retention.chunk_math import F32, Matmul, column, dot
 from pallas_kernels.power_retention.config import (
     BlockSizes,
     check_supported,
@@ -31,6 +30,7 @@ from pallas_kernels.power_retention.config import (
     resolve_backend,
     resolve_interpret,
 )
+from pallas_kernels.power_retention.kernel_math import F32, Matmul, column, dot
 from pallas_kernels.vma import out_struct, same_varying
 
 

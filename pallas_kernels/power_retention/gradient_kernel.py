@@ -3,7 +3,7 @@
 Inputs per chunk n: the forward state carried in (S_before, Z_before) and the gradient of the state carried out
 (dS_after, dZ_after, from the reverse state pass; both in the matmul operand dtype), plus dnum = dy / den and
 dden = -(dy . y) / den. Row a of the expanded state gives: dq~ (read), dk~ and dv (write) and <dS_after, S_before>
-(the chunk decay's gradient); the last grid step adds the z terms, the gate-factor chain rule (chunk_math.gates:
+(the chunk decay's gradient); the last grid step adds the z terms, the gate-factor chain rule (kernel_math.gates:
 q~ = q scale exp(F/2), k~ = k exp((F_end - F)/2), gamma = exp(F_end), each 0 outside its mask, so the masked tokens'
 terms vanish with them) and the intra-chunk gradients. dF is returned per token (query and key rows); R has none.
 Grid (B, H, N, row blocks) as in `output_kernel.py`: chunks in parallel, the row blocks a reduction into resident
@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.power_retention.chunk_math import (
+from pallas_kernels.power_retention.config import BlockSizes, compiler_params
+from pallas_kernels.power_retention.kernel_math import (
     DEG,
     F32,
     Matmul,
@@ -28,7 +29,6 @@ from pallas_kernels.power_retention.chunk_math import (
     read_row_grad,
     scaled,
 )
-from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 from pallas_kernels.vma import out_struct
 
 EXACT = Matmul(F32, jax.lax.Precision.HIGHEST)  # the normaliser's small [d, d] products

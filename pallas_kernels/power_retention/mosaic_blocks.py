@@ -10,7 +10,7 @@ and rounded once. Masks compare float32 values, so no boolean vector is broadcas
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.power_retention.chunk_math import F32
+from pallas_kernels.power_retention.kernel_math import F32
 
 
 def rows(x, shape):

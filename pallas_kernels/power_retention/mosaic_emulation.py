@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
-from pallas_kernels.power_retention.chunk_math import Matmul, dot
+from pallas_kernels.power_retention.kernel_math import Matmul, dot
 from pallas_kernels.power_retention.mosaic_blocks import (
     carried,
     denominator,

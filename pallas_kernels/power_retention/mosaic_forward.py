@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.power_retention import mosaic_emulation
-from pallas_kernels.power_retention.chunk_math import F32
+from pallas_kernels.power_retention.kernel_math import F32
 from pallas_kernels.power_retention.mosaic_blocks import (
     carried,
     denominator,

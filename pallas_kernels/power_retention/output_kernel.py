@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.power_retention.chunk_math import F32, Matmul, dot, gates, intra, normalise, read_row, scaled
 from pallas_kernels.power_retention.config import BlockSizes, compiler_params
+from pallas_kernels.power_retention.kernel_math import F32, Matmul, dot, gates, intra, normalise, read_row, scaled
 from pallas_kernels.vma import out_struct
 
 

@@ -1,6 +1,6 @@
 """The state pass: carry the expanded state across chunks and save it at every chunk boundary.
 
-One kernel serves the forward and the backward (the factors and masks of chunk_math.Gates):
+One kernel serves the forward and the backward (the factors and masks of kernel_math.Gates):
 - forward: x = k, u = v, factor fk where `write`, chunks in order: S <- gamma S + phi(k~)^T v;
 - backward: x = q (R = Hq/H query heads per kv-head), u = dnum, factor fq where `read`, chunks in reverse:
   dS <- gamma dS + sum over the R heads of phi(q~)^T dnum.
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from pallas_kernels.power_retention.chunk_math import F32, Matmul, write_row
 from pallas_kernels.power_retention.config import BlockSizes, compiler_params
+from pallas_kernels.power_retention.kernel_math import F32, Matmul, write_row
 from pallas_kernels.vma import out_struct
 
 

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 from einops import rearrange
 
 from pallas_kernels.power_retention import mosaic_forward
-from pallas_kernels.power_retention.chunk_math import DEG, F32, Matmul
 from pallas_kernels.power_retention.config import BlockSizes
 from pallas_kernels.power_retention.gradient_kernel import chunk_grads
+from pallas_kernels.power_retention.kernel_math import DEG, F32, Matmul
 from pallas_kernels.power_retention.output_kernel import output_chunks
 from pallas_kernels.power_retention.state_pass import state_pass
 
@@ -58,7 +58,7 @@ class ChunkGates(NamedTuple):
 
 
 def _gates(F, R, chunk, scale) -> ChunkGates:
-    """The masked factors of chunk_math.gates for every chunk, in XLA, from F and R [B, H, Tp]."""
+    """The masked factors of kernel_math.gates for every chunk, in XLA, from F and R [B, H, Tp]."""
     F_BHNc, R_BHNc = (rearrange(x, "B H (N c) -> B H N c", c=chunk) for x in (F, R))
     F_end, R_end = F_BHNc[..., -1:], R_BHNc[..., -1:]
     read, write, carry = R_BHNc == 0, R_BHNc == R_end, R_end == 0

@@ -31,8 +31,8 @@ from retention.nn.qkv import (
 from retention.ops import (
     ATTENTION_IMPLS,
     KVCache,
+    context_parallel_size,
     init_kv_cache,
-    sequence_parallel_size,
     softmax_attention,
     softmax_attention_context_parallel,
     softmax_attention_step,
@@ -112,7 +112,7 @@ class Attention(QKVMixer):
         decode = cache is not None
         q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
         options = dict(window=self.window, segment_ids=segment_ids)
-        if not decode and sequence_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
+        if not decode and context_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
             return self.out(softmax_attention_context_parallel(q, k, v, **options)), None
         if not decode:
             return self.out(softmax_attention(q, k, v, **options, impl=self.impl)), None

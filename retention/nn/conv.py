@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.ops import sequence_parallel_size
+from retention.ops import context_parallel_size
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
 from retention.validation import check_int
 
@@ -46,7 +46,7 @@ class ShortConv(nnx.Module):
         token 0's): (y, the new cache)."""
         kernel = self.kernel[...]
         if cache is None:
-            if sequence_parallel_size() > 1:
+            if context_parallel_size() > 1:
                 return causal_conv_context_parallel(x_BTC, kernel, segment_ids_BT=segment_ids_BT), None
             return causal_conv(x_BTC, kernel, segment_ids_BT=segment_ids_BT), None
         y = causal_conv(

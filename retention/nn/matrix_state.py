@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConvCache
 from retention.nn.qkv import conv_cache_bytes
-from retention.ops import init_matrix_state, sequence_parallel_size
+from retention.ops import context_parallel_size, init_matrix_state
 from retention.validation import check_int
 
 
@@ -29,7 +29,7 @@ def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_ca
     """o of full_op(*args) (cache None) or of step_op(state, *args) continuing the cache: (o, the new cache)."""
     options = dict(segment_ids=segment_ids, chunk_size=chunk_size)
     if cache is None:
-        if sequence_parallel_size() > 1:
+        if context_parallel_size() > 1:
             raise NotImplementedError(f"{mixer_name} has no context-parallel form: run it without a 'sequence' axis")
         return full_op(*args, **options), None
     state, last_id = cache.state, cache.segment_id

@@ -33,11 +33,11 @@ from retention.ops import (
     RetentionState,
     check_chunk_size,
     check_deg,
+    context_parallel_size,
     init_state,
     power_retention,
     power_retention_context_parallel,
     power_retention_step,
-    sequence_parallel_size,
     sympow_dim,
 )
 from retention.ops.power_retention import default_chunk_size
@@ -125,7 +125,7 @@ class PowerRetention(QKVMixer):
                 options["segment_ids"] = segment_ids if T > 1 else None  # one token holds no document start
             y, state = power_retention_step(state, q, k, v, log_g, **options)
             cache = RetentionCache(state, last_id, conv_cache)
-        elif sequence_parallel_size() > 1:
+        elif context_parallel_size() > 1:
             y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:
             y = power_retention(q, k, v, log_g, **options)

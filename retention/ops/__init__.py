@@ -2,7 +2,7 @@
 reference, context parallel), the softmax baselines (`attention/`), the field's matrix-state ops
 (`linear_attention/`, `gated_linear_attention/`, `gated_delta_rule/`, sharing matrix_state.py) and the short
 convolution (`conv/`); the checks they share (validation.py), the platform they target (platform.py) and the mesh
-helpers of their context-parallel forms (sequence_parallel.py)."""
+helpers of their context-parallel forms (context_mesh.py)."""
 
 from retention.ops.attention import (
     ATTENTION_IMPLS,
@@ -12,6 +12,7 @@ from retention.ops.attention import (
     softmax_attention_context_parallel,
     softmax_attention_step,
 )
+from retention.ops.context_mesh import context_parallel_size
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
 from retention.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
 from retention.ops.gated_linear_attention import gated_linear_attention, gated_linear_attention_step
@@ -32,7 +33,6 @@ from retention.ops.power_retention import (
     sympow,
     sympow_dim,
 )
-from retention.ops.sequence_parallel import sequence_parallel_size
 
 __all__ = [
     "ATTENTION_IMPLS",
@@ -58,7 +58,7 @@ __all__ = [
     "power_retention_context_parallel",
     "power_retention_reference",
     "power_retention_step",
-    "sequence_parallel_size",
+    "context_parallel_size",
     "softmax_attention",
     "softmax_attention_context_parallel",
     "softmax_attention_step",

@@ -13,8 +13,8 @@ import pytest
 
 from retention import power_retention
 from retention.ops import (
+    context_parallel_size,
     power_retention_context_parallel,
-    sequence_parallel_size,
     softmax_attention_context_parallel,
 )
 from retention.parallel import make_mesh
@@ -87,11 +87,11 @@ def test_ambient_mesh_and_collectives():
     mesh = make_mesh(2, 1, 4)
     q, k, v, log_g = random_qkv(11, 2, 64, 2, 2, 8, gate="mild")
     with jax.set_mesh(mesh):
-        assert sequence_parallel_size() == 4
+        assert context_parallel_size() == 4
         f = jax.jit(lambda *a: power_retention_context_parallel(*a, chunk_size=16))
         got = f(q, k, v, log_g)
         hlo = f.lower(q, k, v, log_g).compile().as_text()
-    assert sequence_parallel_size() == 1
+    assert context_parallel_size() == 1
     assert rel_err(got, _run(lambda *a: power_retention(*a, chunk_size=16), q, k, v, log_g)) < 1e-5
     assert "collective-permute" in hlo and "all-gather" not in hlo
 

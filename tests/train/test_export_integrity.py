@@ -13,7 +13,7 @@ from flax import nnx
 from retention import export as export_module
 from retention import load_run
 from retention.export import export_run
-from retention.run import read_run
+from retention.load import read_run
 from retention.train.record import record_digest
 from tests.train.common import fresh_seed
 from tests.train.test_checkpoint import assert_same_params

@@ -14,7 +14,7 @@ from flax import nnx
 
 from retention import LM, generate, load_run
 from retention.export import main as export_main
-from retention.run import read_run
+from retention.load import read_run
 from tests.nn.test_generate import greedy_by_full_forward
 from tests.train.common import compose_config
 from tests.train.test_checkpoint import _truncate_data, assert_same_params

@@ -14,8 +14,8 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, poison_nonfinite, visible
 from retention.ops.attention.validation import check_window
+from retention.ops.context_mesh import SEQUENCE_AXIS, resolve_sequence_mesh
 from retention.ops.segments import document_index
-from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_int
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
+from retention.ops.context_mesh import SEQUENCE_AXIS, resolve_sequence_mesh
 from retention.ops.conv.causal import causal_conv
-from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
 
 
 def causal_conv_context_parallel(

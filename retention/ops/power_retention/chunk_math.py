@@ -1,6 +1,6 @@
 """The per-chunk arithmetic of power retention in XLA, shared by the chunked path, the decode step, context
 parallelism and the token recurrence (the Pallas kernels have their own, in
-`pallas_kernels/power_retention/chunk_math.py`).
+`pallas_kernels/power_retention/kernel_math.py`).
 
 Within a chunk (tokens on the last axis of F and R, from `gates.chunk_gates`: F the cumulative log-gate, R
 the count of resets so far, F_end and R_end their last entries), the reset contract:

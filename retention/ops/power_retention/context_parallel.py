@@ -17,7 +17,7 @@ Forward and gradients (JAX differentiates through `shard_map` and `ppermute`) eq
 rounding. Bytes per device per layer: (1 + ceil(log2 n)) * B*H*D*(d+1)*4, whatever T is.
 
 The softmax baseline's counterpart gathers K and V instead (`attention/context_parallel.py`);
-`experiments/comm_volume.py` tabulates both. Inside a model, `sequence_parallel_size()` reads the ambient mesh
+`experiments/comm_volume.py` tabulates both. Inside a model, `context_parallel_size()` reads the ambient mesh
 (`jax.set_mesh`): the mixers switch to these ops when its "sequence" axis has more than one device.
 """
 
@@ -27,6 +27,7 @@ from einops import rearrange
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
+from retention.ops.context_mesh import SEQUENCE_AXIS, resolve_sequence_mesh
 from retention.ops.power_retention.chunk_math import decay_state, gate_factors, state_write
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.op import power_retention, run_debug_checks
@@ -34,7 +35,6 @@ from retention.ops.power_retention.pallas import interpreted
 from retention.ops.power_retention.state import RetentionState, augment, check_state, split, with_ones
 from retention.ops.power_retention.validation import STATE_IMPLS, check_op_args, default_chunk_size
 from retention.ops.segments import document_starts
-from retention.ops.sequence_parallel import SEQUENCE_AXIS, resolve_sequence_mesh
 
 
 def _local_state(k_BTHd, v_BTHd, log_g_BTH, segment_ids_BT, deg: int, c: int):

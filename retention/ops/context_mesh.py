@@ -1,5 +1,5 @@
-"""The mesh helpers both context-parallel ops share: the sequence axis, its size in the ambient mesh, and resolving
-(mesh, axis, batch axes) for a call."""
+"""The mesh helpers of the context-parallel ops (each sequence's tokens split over the mesh axis "sequence"): the
+axis, its size in the ambient mesh, and resolving (mesh, axis, batch axes) for a call."""
 
 import math
 
@@ -8,7 +8,7 @@ import jax
 SEQUENCE_AXIS = "sequence"
 
 
-def sequence_parallel_size(axis: str = SEQUENCE_AXIS) -> int:
+def context_parallel_size(axis: str = SEQUENCE_AXIS) -> int:
     """The size of `axis` in the ambient mesh (set by `jax.set_mesh`), 1 without a mesh or without that axis."""
     mesh = jax.sharding.get_abstract_mesh()
     return 1 if mesh.empty or axis not in mesh.axis_names else mesh.shape[axis]
