@@ -1,5 +1,5 @@
-"""Properties of the power-retention op beyond agreement with the oracles (tests/ops/test_power_retention_paths.py):
-the chunk size does not change the result, a million tokens stay finite and bounded, causality is exact, and the
+"""Properties of the power-retention op beyond agreement with the oracles (test_power_retention_paths.py beside
+it): the chunk size does not change the result, a million tokens stay finite and bounded, causality is exact, and the
 backward's grouped rematerialisation changes nothing."""
 
 import jax
