@@ -12,9 +12,9 @@ and over seeds (experiments/compare/protocol.py), with ablations and the recall-
     python -m experiments.compare.run --preset smoke              # seconds: the pipeline at toy sizes
 
 Writes <data>/speed.json and <data>/quality.json (data: results/compare/<preset>), training runs under <runs>
-(outputs/compare/<preset>: one TensorBoard folder for all), then experiments/report.py's Markdown and PNGs. Every
-finished run and test eval is reused, so the command resumes, and parts may run one after another or side by
-side: run them until no job is left, then once more (or --report-only) for the whole report.
+(outputs/compare/<preset>: one TensorBoard folder for all), then experiments/compare/report.py's Markdown and
+PNGs. Every finished run and test eval is reused, so the command resumes, and parts may run one after another or
+side by side: run them until no job is left, then once more (or --report-only) for the whole report.
 """
 
 import argparse
@@ -33,9 +33,9 @@ from experiments.compare.models import matched_window
 from experiments.compare.presets import PRESETS
 from experiments.compare.protocol import parse_only, parse_part, sweep_runs
 from experiments.compare.quality import collect, run_stages
+from experiments.compare.report import write_report
 from experiments.compare.runs import SUMMARY, read_json, timed, write_json
 from experiments.compare.speed import measure_speed
-from experiments.report import write_report
 
 
 def machine() -> dict:
