@@ -13,7 +13,7 @@ from experiments.compare.models import (
     lm_cache_bytes,
     matched_window,
 )
-from experiments.compare.presets import PRESETS, SMOKE
+from experiments.compare.presets import PRESETS, SMOKE, with_overrides
 from experiments.compare.protocol import Run
 from experiments.compare.quality import run_overrides
 from experiments.compare.speed import train_step_time
@@ -47,7 +47,12 @@ def test_every_task_gives_each_entry_the_same_tokens(preset):
         assert all(preset.speed.tokens_per_step % T == 0 for T in preset.speed.lengths)
 
 
-MQAR_CASES = [(p, t) for p in PRESETS.values() for t, spec in p.tasks.items() if spec.data == "mqar"]
+MQAR_CASES = [
+    (p, t)
+    for p in PRESETS.values()
+    for t, spec in p.tasks.items()
+    if spec.data == "mqar" and "swa_matched" in p.entries
+]
 
 
 @pytest.mark.parametrize("preset,task", MQAR_CASES, ids=lambda x: x if isinstance(x, str) else x.name)
@@ -97,3 +102,30 @@ def test_train_step_time_runs_the_trainer_step():
     assert r["step_s"] == pytest.approx(float(np.median(r["times_s"])))
     assert r["tokens_per_s"] == pytest.approx(3 * 48 / r["step_s"])
     assert r["temp_bytes"] > 0 and r["argument_bytes"] > 0
+
+
+@pytest.mark.parametrize("entry, pattern", [("softmax", "A"), ("swa", "W"), ("power", "P"), ("hybrid", "PA")])
+def test_the_demo_preset_is_the_demo(entry, pattern):
+    """The comparison's `demo` preset reads its cell from configs/experiment/mqar_demo.yaml: each entry's run is
+    the demo sweep's run of that pattern (model, data, optimiser and steps alike; only the name differs)."""
+    demo = PRESETS["demo"]
+    run = compose_config(run_overrides(demo, Run("mqar", entry, demo.tasks["mqar"].lrs[0], 0)))
+    sweep = compose_config(["experiment=mqar_demo", f"model.pattern={pattern}"])
+    strip = lambda model: {k: v for k, v in dataclasses.asdict(model).items() if k != "name"}
+    assert strip(run.model) == strip(sweep.model) and run.model.pattern == pattern
+    assert dataclasses.asdict(run.data) == dataclasses.asdict(sweep.data) and run.optim == sweep.optim
+    assert (run.trainer.steps, run.trainer.eval_scales) == (sweep.trainer.steps, sweep.trainer.eval_scales)
+    assert run.seed == sweep.seed
+
+
+def test_with_overrides_changes_by_key():
+    """A change replaces its key's entry in place or is appended; "~key" removes it; removing an absent key is
+    refused."""
+    base = ("model.n_layers=8", "model.head_dim=64", "model.dtype=bfloat16")
+    assert with_overrides(base, "model.n_layers=4", "model.deg=4", "~model.dtype") == (
+        "model.n_layers=4",
+        "model.head_dim=64",
+        "model.deg=4",
+    )
+    with pytest.raises(ValueError, match="removes 'model.window'"):
+        with_overrides(base, "~model.window")
