@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from retention.validation import check_int, check_number
 
 EVAL_TAG = "eval/x1/{metric}"  # the trainer's eval at the training length (retention/train/loop.py)
-TOKENS_TAG = "vs_tokens/eval/x1/{metric}"  # the same values indexed by tokens seen
+TOKENS_SEEN_TAG = "train/tokens_seen"  # tokens seen at each logged step
 
 
 @dataclass(frozen=True)
@@ -79,16 +79,20 @@ def convergence(
     )
 
 
-def learning_curve(run_dir: Path, metric: str = "accuracy") -> list[tuple[int, int, float]]:
-    """(step, tokens seen, value) of a run's held-out eval at the training length, from its TensorBoard log."""
-    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+def learning_curve(run_dir: Path, metric: str = "accuracy") -> list[tuple[int, int | None, float]]:
+    """(step, tokens seen, value) of a run's held-out eval at the training length, from its TensorBoard log: the
+    eval tag by step, the tokens from train/tokens_seen at that step (None where not logged). TensorBoard's purge
+    of "orphaned" events is off: the tokens-indexed twins' large steps would make a resumed run's later events
+    look out of order and drop them."""
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}, purge_orphaned_data=False)
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    by_step, by_tokens = EVAL_TAG.format(metric=metric), TOKENS_TAG.format(metric=metric)
-    if by_step not in tags:
+    tag = EVAL_TAG.format(metric=metric)
+    if tag not in tags:
         return []
-    tokens = [e.step for e in acc.Scalars(by_tokens)] if by_tokens in tags else [None] * len(acc.Scalars(by_step))
-    return [(e.step, n, e.value) for e, n in zip(acc.Scalars(by_step), tokens)]
+    tokens = {e.step: int(e.value) for e in acc.Scalars(TOKENS_SEEN_TAG)} if TOKENS_SEEN_TAG in tags else {}
+    by_step = {e.step: e.value for e in acc.Scalars(tag)}  # a resumed run's repeated step: its latest value
+    return [(step, tokens.get(step), value) for step, value in sorted(by_step.items())]
 
 
 def main(argv=None):

@@ -57,9 +57,20 @@ def test_bad_arguments_are_refused():
 
 
 def test_learning_curve_from_a_tensorboard_log(tmp_path):
-    """The trainer's eval tags (eval/x1/accuracy and its tokens twin) come back as (step, tokens, value)."""
-    writer = MetricsWriter(str(tmp_path / "tb"))
-    for step, value in [(100, 0.25), (200, 0.5), (300, 0.75)]:
-        writer.scalars(step, {"accuracy": value}, "eval/x1", tokens=step * 64)
-    writer.close()
-    assert learning_curve(tmp_path) == [(100, 6400, 0.25), (200, 12800, 0.5), (300, 19200, 0.75)]
+    """The trainer's eval tag and train/tokens_seen come back as (step, tokens, value), also across a resume: the
+    second writer (purge_step 200, as the trainer's resume) and the tokens-indexed twins' large steps lose no eval."""
+    first = MetricsWriter(str(tmp_path / "tb"))
+    for step, value in [(100, 0.25), (200, 0.5)]:
+        first.scalars(step, {"tokens_seen": step * 64}, "train")
+        first.scalars(step, {"accuracy": value}, "eval/x1", tokens=step * 64)
+    first.close()
+    (events,) = (tmp_path / "tb").iterdir()  # named by the second it opened in: make it the earlier of the two
+    prefix, stamp, host = events.name.split(".", 4)[:3], events.name.split(".")[3], events.name.split(".", 4)[4]
+    events.rename(events.with_name(".".join([*prefix, str(int(stamp) - 1), host])))
+    resumed = MetricsWriter(str(tmp_path / "tb"), purge_step=200)
+    for step, value in [(300, 0.75), (400, 0.8)]:
+        resumed.scalars(step, {"tokens_seen": step * 64}, "train")
+        resumed.scalars(step, {"accuracy": value}, "eval/x1", tokens=step * 64)
+    resumed.close()
+    curve = [(100, 6400, 0.25), (200, 12800, 0.5), (300, 19200, 0.75), (400, 25600, 0.8)]
+    assert [(s, n, pytest.approx(v)) for s, n, v in learning_curve(tmp_path)] == curve
