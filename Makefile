@@ -1,6 +1,6 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
-#            softmax, a matched window, power and a hybrid on MQAR (CPU, about 3 minutes), then its table and the
-#            TensorBoard command.
+#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, about 3 minutes on
+#            2 idle cores), then its table and the TensorBoard command.
 # make test: the same set-up, then the test suite.
 # make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).
 # make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (python -m experiments.compare.run).

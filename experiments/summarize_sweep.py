@@ -3,24 +3,70 @@ TensorBoard command for the whole sweep.
 
     python -m experiments.summarize_sweep multirun/2026-01-01_12-00-00
 
-Columns: the layers' mixers (the pattern repeated over the layers), final loss (eval loss at the training
-length), accuracy on the labelled positions at the training length T and at the longest eval length, median
-training tokens/s, and decode-cache bytes per sequence at trainer.cache_len tokens (65536 by default).
+Rows in job order (job 2 before job 10). Columns: `job`; the swept keys, each key whose command-line value
+(the run's .hydra/overrides.yaml) differs between runs, named by its last part (`min_gap`, `seq_len`, `lr`);
+`model` and `layers` (the pattern repeated over the layers); `params`; `T` (the training length), `steps`;
+`loss@T` (eval loss at T); `acc@T`, `acc@4T`, ...: accuracy on the labelled positions at each eval length as a
+multiple of the row's own T ("-" where the run was not evaluated there); `tokens/s` (median training
+throughput); `cache@64k`: decode-cache bytes per sequence at trainer.cache_len tokens (65536 by default).
 """
 
 import argparse
-import glob
 import json
-import os
+import re
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from experiments.formatting import human_bytes, tokens
 
+SUMMARY, OVERRIDES = "summary.json", Path(".hydra") / "overrides.yaml"
+
+
+def natural_key(path: Path) -> list:
+    """Sort key of a run folder: its path's digit runs as numbers (2_A before 10_A)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def run_folders(sweep_dir: str) -> list[Path]:
+    """The folders under `sweep_dir` holding a summary.json, in natural order."""
+    return sorted((p.parent for p in Path(sweep_dir).rglob(SUMMARY)), key=natural_key)
+
 
 def load(sweep_dir: str) -> list[dict]:
-    """The summaries of every run under `sweep_dir`, in the order of their folders."""
-    paths = sorted(glob.glob(os.path.join(sweep_dir, "**", "summary.json"), recursive=True))
-    return [json.loads(Path(p).read_text()) for p in paths]
+    """The summaries of every run under `sweep_dir` in natural folder order, each with its folder's name as `job`
+    and its command-line overrides as `overrides` ({key: value}; {} where the folder has none)."""
+    out = []
+    for folder in run_folders(sweep_dir):
+        summary = json.loads((folder / SUMMARY).read_text())
+        out.append({**summary, "job": folder.name, "overrides": read_overrides(folder / OVERRIDES)})
+    return out
+
+
+def read_overrides(path: Path) -> dict[str, str]:
+    """{key: value} of a Hydra overrides.yaml (a list of "key=value" lines); hydra.* keys left out."""
+    if not path.exists():
+        return {}
+    pairs = (str(item).partition("=") for item in OmegaConf.load(path))  # "~key" (a deletion) has no value
+    return {key.lstrip("+~"): value for key, _, value in pairs if not key.lstrip("+~").startswith("hydra")}
+
+
+def swept_keys(summaries: list[dict]) -> list[str]:
+    """The override keys whose value differs between runs (a run without the key counts as its own value), in
+    the order they first appear; the model's own keys (model, model.pattern, model.name) are the model column."""
+    keys = list(dict.fromkeys(k for s in summaries for k in s["overrides"]))
+    keys = [k for k in keys if k not in ("model", "model.pattern", "model.name")]
+    return [k for k in keys if len({s["overrides"].get(k) for s in summaries}) > 1]
+
+
+def eval_scales(summary: dict) -> dict[int, str]:
+    """{scale: eval length} of a run: each length it was evaluated at as a multiple of its training length."""
+    T = summary["seq_len"]
+    return {int(L) // T: L for L in summary["eval"] if int(L) % T == 0}
+
+
+def scale_label(scale: int) -> str:
+    return "acc@T" if scale == 1 else f"acc@{scale}T"
 
 
 def cache_len(summary: dict) -> int:
@@ -28,32 +74,37 @@ def cache_len(summary: dict) -> int:
     return max(int(L) for L in summary["cache_bytes"])
 
 
-def accuracy(summary: dict, length: int) -> str:
-    """The run's eval accuracy at `length`, or "-" where it was not evaluated there."""
-    return f"{summary['eval'][str(length)]['accuracy']:.3f}" if str(length) in summary["eval"] else "-"
-
-
 def table(summaries: list[dict]) -> str:
     """The sweep's table, one row per run."""
-    lengths = sorted({int(L) for s in summaries for L in s["eval"]})
-    T, long = lengths[0], lengths[-1]
-    header = ["model", "layers", "params", "final loss", f"acc@{T}", f"acc@{long}", "tokens/s"]
-    rows = [[*header, f"cache@{tokens(cache_len(summaries[0]))}"]]
+    swept = swept_keys(summaries)
+    scales = sorted({s for summary in summaries for s in eval_scales(summary)})
+    header = ["job", *(k.rsplit(".", 1)[-1] for k in swept), "model", "layers", "params", "T", "steps", "loss@T"]
+    header += [*map(scale_label, scales), "tokens/s", f"cache@{tokens(cache_len(summaries[0]))}"]
+    rows = [header]
     for s in summaries:
+        lengths = eval_scales(s)
+        accuracy = [f"{s['eval'][lengths[k]]['accuracy']:.3f}" if k in lengths else "-" for k in scales]
         rows.append(
             [
+                s["job"],
+                *(s["overrides"].get(k, "-") for k in swept),
                 s["model"],
                 s["layer_kinds"],
                 f"{s['params']:,}",
+                str(s["seq_len"]),
+                str(s["steps"]),
                 f"{s['final_loss']:.3f}",
-                accuracy(s, T),
-                accuracy(s, long),
+                *accuracy,
                 "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:,.0f}",
                 human_bytes(s["cache_bytes"][str(cache_len(s))]),
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    text_columns = 3 + len(swept)  # job, the swept keys, model, layers: left-aligned
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(c.ljust(w) if i < text_columns else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
 

@@ -4,6 +4,7 @@ config.yaml's tokens), else a line `seconds = overhead + tokens / rate` fitted t
 seconds a job and the speed sweep's seconds (<runs>/timings.json); applied to the preset's job list.
 
     python -m experiments.compare.estimate --preset cpu --measured outputs/compare/cpu outputs/compare/smoke
+    python -m experiments.compare.estimate --preset cpu   # a fresh clone: the committed quality.json's runs
 
 CPU seconds (all threads) do not depend on what else the machine runs; wall seconds on 2 idle cores are at most
 the CPU seconds (XLA's CPU programs use both cores only in part), so `--seconds cpu` gives an upper bound there.
@@ -33,6 +34,18 @@ def measured_runs(folders: list[Path], key: str) -> list[tuple[str, int, float]]
             cfg = OmegaConf.load(record_path.parent / CONFIG)
             tokens = cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len
             out.append((record.get("task"), tokens, float(record[key])))
+    return out
+
+
+def committed_runs(quality_json: Path, key: str) -> list[tuple[str, int, float]]:
+    """(task, tokens trained, seconds) of every run recorded in a comparison's quality.json (the committed
+    results/compare/<preset>/quality.json: each run's overrides and seconds), for a clone without run folders."""
+    out = []
+    for run in (read_json(quality_json) or {}).get("runs", []):
+        record = run.get("record") or {}
+        if key in record and record.get("overrides"):
+            cfg = compose_config(record["overrides"])
+            out.append((record["task"], cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len, float(record[key])))
     return out
 
 
@@ -68,9 +81,13 @@ def eval_job_count(preset: Preset) -> int:
     return count
 
 
-def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s") -> dict:
-    """The preset's estimated seconds per stage from the runs measured under `folders`."""
-    measured = measured_runs(folders, key)
+def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s", committed: Path | None = None) -> dict:
+    """The preset's estimated seconds per stage from the runs measured under `folders`, else (none there) from the
+    runs recorded in `committed` (a quality.json). ValueError when neither holds a finished run."""
+    measured = measured_runs(folders, key) or (committed_runs(committed, key) if committed else [])
+    if not measured:
+        where = ", ".join(map(str, [*folders, *([committed] if committed else [])])) or "nowhere"
+        raise ValueError(f"no finished training run with {key} under {where}: nothing to time the preset from")
     overhead, per_token = fit([(n, sec) for _, n, sec in measured])
     tokens = {}
     for task in preset.tasks:
@@ -105,10 +122,23 @@ def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s") -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
-    parser.add_argument("--measured", nargs="+", type=Path, required=True, help="runs folders with finished runs")
+    parser.add_argument(
+        "--measured", nargs="+", type=Path, default=[], help="runs folders with finished runs (default: <runs> of it)"
+    )
+    parser.add_argument(
+        "--committed",
+        type=Path,
+        help="a quality.json to time from when no run folder has a finished run "
+        "(default: results/compare/<preset>/quality.json)",
+    )
     parser.add_argument("--seconds", choices=("cpu", "wall"), default="cpu")
     args = parser.parse_args(argv)
-    result = estimate(PRESETS[args.preset], args.measured, f"{args.seconds}_s")
+    folders = args.measured or [p for p in [Path(f"outputs/compare/{args.preset}")] if p.exists()]
+    committed = args.committed or Path(f"results/compare/{args.preset}/quality.json")
+    try:
+        result = estimate(PRESETS[args.preset], folders, f"{args.seconds}_s", committed)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     for key, value in result.items():
         print(f"{key}: {value:,.1f}" if isinstance(value, float) else f"{key}: {value}")
     print(f"total: {result['total_s'] / 60:.1f} minutes ({args.seconds} seconds; missing stages not counted)")

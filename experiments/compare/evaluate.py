@@ -87,7 +87,7 @@ def evaluate_run(preset: Preset, run: Run, cfg: Config, source) -> dict[str, dic
     """{str(length): metrics (and the compiled eval's bytes), or {"skipped": why}} of the finished run in the
     folder `source`, at each of the run's test lengths."""
     lm = make_lm_config(cfg.model, make_dataset(cfg.data, cfg.seed).vocab_size)
-    params = load_params(cfg, lm, source)
+    params = load_params(source, cfg.trainer.steps)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(0))))
     lengths = test_lengths(preset, run, cfg.data.seq_len)
     return {str(L): _length_metrics(preset, run, cfg, graphdef, params, L) for L in lengths}

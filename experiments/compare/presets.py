@@ -5,15 +5,20 @@ A preset names trained configurations (`Entry`: a model config group and its ove
 `ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, quantized KV caches:
 on the frontier task). Each task gives its data and trainer overrides, the learning rates every entry is trained
 at (seed `seeds[0]`), the seeds run at the best one, and the lengths of the test evaluation. Model overrides are
-Hydra strings, exactly as `train.py` takes them.
+Hydra strings, exactly as `train.py` takes them; each task's recipe is written once (MQAR_RECIPE, PASSKEY_RECIPE,
+TEXT_RECIPE: the cpu preset's) and the other presets change it by key (`with_overrides`).
 
 - `cpu`: this 2-core machine, about 30 minutes on 2 idle cores (CPU_ESTIMATE), in parts that resume.
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
+- `demo`: `make demo`'s far cell and models (configs/experiment/mqar_demo.yaml, read from there).
 """
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,24 @@ class Preset:
         return tuple(dict.fromkeys(names))
 
 
+def with_overrides(base: tuple[str, ...], *changes: str) -> tuple[str, ...]:
+    """`base` (Hydra override strings) with each of `changes` applied by key: "key=value" replaces the base's
+    entry of that key in place (or is appended when the base has none), "~key" removes it."""
+    out = list(base)
+    for change in changes:
+        key = change.removeprefix("~").split("=", 1)[0]
+        at = next((i for i, o in enumerate(out) if o.split("=", 1)[0] == key), None)
+        if change.startswith("~"):
+            if at is None:
+                raise ValueError(f"changes: {change!r} removes {key!r}, which the base does not set")
+            del out[at]
+        elif at is None:
+            out.append(change)
+        else:
+            out[at] = change
+    return tuple(out)
+
+
 TEST_OFFSET = 1_000_000  # the test eval's first eval-split batch index: draws the trainer's eval never makes
 QUALITY_TRAINER = ("trainer.ckpt_every=100000", "trainer.keep=1", "trainer.progress=false")
 
@@ -113,9 +136,9 @@ HEADLINE_ENTRIES = {
 }
 
 
-def ablation_entries(conv: int) -> dict[str, Entry]:
-    """One change each to a headline entry (headline models use a short convolution of width `conv` and QK
-    RMSNorm)."""
+def ablation_entries() -> dict[str, Entry]:
+    """One change each to a headline entry (the headline models have the preset's short convolution and QK
+    RMSNorm: the ablations take one part away, or change the degree or the hybrid's ratio)."""
     return {
         "power_conv0": Entry("power", ("model.conv_size=0",), base="power", change="no short convolution"),
         "softmax_conv0": Entry("softmax", ("model.conv_size=0",), base="softmax", change="no short convolution"),
@@ -141,16 +164,52 @@ def frontier_entries(windows: tuple[int, ...], head_dims: tuple[int, ...], degre
     return out
 
 
-def _entries(conv: int, windows, head_dims, degrees=(2, 4)) -> dict[str, Entry]:
-    return {**HEADLINE_ENTRIES, **ablation_entries(conv), **frontier_entries(windows, head_dims, degrees)}
+def _entries(windows, head_dims, degrees=(2, 4)) -> dict[str, Entry]:
+    return {**HEADLINE_ENTRIES, **ablation_entries(), **frontier_entries(windows, head_dims, degrees)}
 
 
 def _frontier(windows, head_dims, degrees=(2, 4)) -> tuple[str, ...]:
     return tuple(frontier_entries(windows, head_dims, degrees)) + ("power_deg4", "hybrid_3to1")
 
 
+# Each task's recipe, once: the cpu preset's; the other presets change it by key (with_overrides).
+MQAR_RECIPE = (
+    "data.seq_len=64",
+    "data.num_kv_pairs=4",
+    "data.vocab_size=128",
+    "data.min_gap=48",
+    "data.batch_size=64",
+    "optim.weight_decay=0",
+    "optim.warmup_steps=20",
+    "trainer.steps=200",
+    "trainer.log_every=50",
+    "trainer.eval_batches=4",
+    "trainer.eval_scales=[1]",  # selection only: the test eval gives the longer lengths
+    *QUALITY_TRAINER,
+)
+PASSKEY_RECIPE = (
+    "data.seq_len=512",
+    "data.batch_size=4",
+    "optim.warmup_steps=10",
+    "trainer.steps=60",
+    "trainer.log_every=10",
+    "trainer.eval_batches=2",
+    "trainer.eval_scales=[1]",  # selection only: the test eval gives the longer lengths
+    *QUALITY_TRAINER,
+)
+TEXT_RECIPE = (
+    "data.seq_len=256",
+    "data.batch_size=8",
+    "optim.warmup_steps=10",
+    "trainer.steps=60",
+    "trainer.log_every=10",
+    "trainer.eval_batches=2",
+    "trainer.eval_scales=[1,4,16]",  # loss by position at 1x, 4x and 16x
+    *QUALITY_TRAINER,
+)
+
 CPU_WINDOWS, CPU_HEAD_DIMS = (64,), (16,)  # and degree 2 only: degree 4 at d=8 is an ablation
-CPU_ABLATIONS, CPU_FRONTIER = tuple(ablation_entries(4)), _frontier(CPU_WINDOWS, CPU_HEAD_DIMS, (2,))
+CPU_ABLATIONS, CPU_FRONTIER = tuple(ablation_entries()), _frontier(CPU_WINDOWS, CPU_HEAD_DIMS, (2,))
 CPU = Preset(
     name="cpu",
     model=(
@@ -163,33 +222,20 @@ CPU = Preset(
         "model.qk_norm=true",
         "model.target_params=100000",
     ),
-    entries=_entries(4, CPU_WINDOWS, CPU_HEAD_DIMS, (2,)),
+    entries=_entries(CPU_WINDOWS, CPU_HEAD_DIMS, (2,)),
     headline=tuple(HEADLINE_ENTRIES),
     ablations=CPU_ABLATIONS,
     frontier=CPU_FRONTIER,
     ablation_task="mqar",
     frontier_task="mqar",
     tasks={
-        # The matched window at d=8, p=2 is 19 tokens a layer (the demo's cell): two layers and their 4-tap
-        # convolutions reach 2 x (18 + 3) = 42 tokens back, so every query sits more than 48 tokens after its key.
-        # Three seeds on this task only (the headline's recall cell). 200 steps of 64 x 64 tokens: the demo's
-        # recipe at half its steps, so that 49 runs fit the budget.
+        # The matched window at d=8, p=2 is 19 tokens a layer: two layers and their 4-tap convolutions reach
+        # 2 x (18 + 3) = 42 tokens back, so every query sits more than 48 tokens after its key (the demo's far
+        # cell, configs/experiment/mqar_demo.yaml, at head dim 8). Three seeds on this task only (the headline's
+        # recall cell). 200 steps of 64 x 64 tokens, so that 49 runs fit the budget.
         "mqar": Task(
             "mqar",
-            (
-                "data.seq_len=64",
-                "data.num_kv_pairs=4",
-                "data.vocab_size=128",
-                "data.min_gap=48",
-                "data.batch_size=64",
-                "optim.weight_decay=0",
-                "optim.warmup_steps=20",
-                "trainer.steps=200",
-                "trainer.log_every=50",
-                "trainer.eval_batches=4",
-                "trainer.eval_scales=[1]",  # selection only: the test eval gives 16x and 64k
-                *QUALITY_TRAINER,
-            ),
+            MQAR_RECIPE,
             lrs=(1e-3, 3e-3, 1e-2),
             seeds=(0, 1, 2),
             test_scales=(1, 16),
@@ -199,16 +245,7 @@ CPU = Preset(
         ),
         "passkey": Task(
             "passkey",
-            (
-                "data.seq_len=512",
-                "data.batch_size=4",
-                "optim.warmup_steps=10",
-                "trainer.steps=60",
-                "trainer.log_every=10",
-                "trainer.eval_batches=2",
-                "trainer.eval_scales=[1]",  # selection only: the test eval gives 16x and 64k
-                *QUALITY_TRAINER,
-            ),
+            PASSKEY_RECIPE,
             lrs=(1e-3, 3e-3, 1e-2),
             seeds=(0,),
             skip=("swa",),  # W (16 tokens) is the matched window (19) less 3 tokens: on MQAR only
@@ -219,16 +256,7 @@ CPU = Preset(
         ),
         "text": Task(
             "text",
-            (
-                "data.seq_len=256",
-                "data.batch_size=8",
-                "optim.warmup_steps=10",
-                "trainer.steps=60",
-                "trainer.log_every=10",
-                "trainer.eval_batches=2",
-                "trainer.eval_scales=[1,4,16]",  # loss by position at 1x, 4x and 16x
-                *QUALITY_TRAINER,
-            ),
+            TEXT_RECIPE,
             lrs=(1e-3, 3e-3, 1e-2),
             seeds=(0,),
             skip=("swa",),  # W (16 tokens) is the matched window (19) less 3 tokens: on MQAR only
@@ -268,13 +296,14 @@ GPU_MODEL = (
     "model.dtype=bfloat16",
 )
 GPU_RECALL_MODEL = ("model.n_layers=2", "model.head_dim=32", "model.target_params=8000000")
+GPU_MQAR_CELL = ("data.seq_len=4096", "data.num_kv_pairs=64", "data.vocab_size=8192", "data.min_gap=1100")
 GPU_WINDOWS, GPU_HEAD_DIMS = (64, 256, 2048), (16, 64)
 GPU = Preset(
     name="gpu",
     model=GPU_MODEL,
-    entries=_entries(4, GPU_WINDOWS, GPU_HEAD_DIMS),
+    entries=_entries(GPU_WINDOWS, GPU_HEAD_DIMS),
     headline=tuple(HEADLINE_ENTRIES),
-    ablations=tuple(ablation_entries(4)),
+    ablations=tuple(ablation_entries()),
     frontier=_frontier(GPU_WINDOWS, GPU_HEAD_DIMS),
     ablation_task="mqar",
     frontier_task="mqar",
@@ -283,19 +312,14 @@ GPU = Preset(
         # layer, so queries start 1,100 tokens after the pairs.
         "mqar": Task(
             "mqar",
-            (
-                "data.seq_len=4096",
-                "data.num_kv_pairs=64",
-                "data.vocab_size=8192",
-                "data.min_gap=1100",
+            with_overrides(
+                MQAR_RECIPE,
+                *GPU_MQAR_CELL,
                 "data.batch_size=32",
-                "optim.weight_decay=0",
                 "optim.warmup_steps=300",
                 "trainer.steps=4000",
-                "trainer.log_every=50",
                 "trainer.eval_batches=8",
                 "trainer.eval_scales=[1,4]",
-                *QUALITY_TRAINER,
             ),
             lrs=(3e-4, 1e-3, 3e-3),
             seeds=(0, 1, 2),
@@ -305,7 +329,8 @@ GPU = Preset(
         ),
         "passkey": Task(
             "passkey",
-            (
+            with_overrides(
+                PASSKEY_RECIPE,
                 "data.seq_len=4096",
                 "data.batch_size=16",
                 "optim.warmup_steps=200",
@@ -313,7 +338,6 @@ GPU = Preset(
                 "trainer.log_every=50",
                 "trainer.eval_batches=4",
                 "trainer.eval_scales=[1,4]",
-                *QUALITY_TRAINER,
             ),
             lrs=(3e-4, 1e-3, 3e-3),
             seeds=(0, 1, 2),
@@ -322,7 +346,8 @@ GPU = Preset(
         ),
         "text": Task(
             "text",
-            (
+            with_overrides(
+                TEXT_RECIPE,
                 "data.seq_len=2048",
                 "data.batch_size=32",
                 "optim.warmup_steps=500",
@@ -330,7 +355,6 @@ GPU = Preset(
                 "trainer.log_every=50",
                 "trainer.eval_batches=16",
                 "trainer.eval_scales=[1,2,4,8,16]",
-                *QUALITY_TRAINER,
             ),
             lrs=(3e-4, 1e-3, 3e-3),
             seeds=(0, 1, 2),
@@ -350,7 +374,7 @@ GPU = Preset(
     long_eval_bytes=100 * 2**30,
 )
 
-GPU_SMALL_MODEL = (*GPU_MODEL[1:], "model.n_layers=4")  # 4 layers: compilation dominates a 10-minute call
+GPU_SMALL_MODEL = with_overrides(GPU_MODEL, "model.n_layers=4")  # 4 layers: compilation dominates a 10-minute call
 GPU_SMALL = Preset(
     name="gpu_small",
     model=GPU_SMALL_MODEL,
@@ -359,19 +383,8 @@ GPU_SMALL = Preset(
     tasks={
         "mqar": Task(
             "mqar",
-            (
-                "data.seq_len=4096",
-                "data.num_kv_pairs=64",
-                "data.vocab_size=8192",
-                "data.min_gap=1100",
-                "data.batch_size=16",
-                "optim.weight_decay=0",
-                "optim.warmup_steps=100",
-                "trainer.steps=600",
-                "trainer.log_every=50",
-                "trainer.eval_batches=4",
-                "trainer.eval_scales=[1]",
-                *QUALITY_TRAINER,
+            with_overrides(
+                MQAR_RECIPE, *GPU_MQAR_CELL, "data.batch_size=16", "optim.warmup_steps=100", "trainer.steps=600"
             ),
             lrs=(1e-3,),
             seeds=(0,),
@@ -415,7 +428,7 @@ SMOKE = Preset(
     model=SMOKE_MODEL,
     entries={
         **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power")},
-        "power_nogate": ablation_entries(0)["power_nogate"],
+        "power_nogate": ablation_entries()["power_nogate"],
         "softmax_kv4": frontier_entries((), ())["softmax_kv4"],
     },
     headline=("softmax", "swa_matched", "power"),
@@ -426,18 +439,16 @@ SMOKE = Preset(
     tasks={
         "mqar": Task(
             "mqar",
-            (
-                "data.seq_len=64",
-                "data.num_kv_pairs=4",
+            with_overrides(
+                MQAR_RECIPE,
                 "data.vocab_size=80",
-                "data.min_gap=48",
                 "data.batch_size=4",
+                "~optim.weight_decay",
                 "optim.warmup_steps=1",
                 "trainer.steps=3",
                 "trainer.log_every=1",
                 "trainer.eval_batches=1",
                 "trainer.eval_scales=[1,2]",
-                *QUALITY_TRAINER,
             ),
             lrs=(1e-3, 1e-2),
             seeds=(0, 1),
@@ -460,4 +471,48 @@ SMOKE = Preset(
     long_eval_skip={"softmax": "time (a test of the marking)"},
 )
 
-PRESETS = {p.name: p for p in (CPU, GPU_SMALL, GPU, SMOKE)}
+DEMO_YAML = Path(__file__).resolve().parents[2] / "configs" / "experiment" / "mqar_demo.yaml"
+
+
+def _override_value(value) -> str:
+    """A YAML value as Hydra's command line writes it: [1,4], true, 0.01."""
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def demo_overrides(group: str, leave_out: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What configs/experiment/mqar_demo.yaml sets in `group` (model, data, optim, trainer) as override strings,
+    less the keys in `leave_out` (the sweep's own model.name interpolation is always left out)."""
+    values = OmegaConf.to_container(OmegaConf.load(DEMO_YAML)[group], resolve=False)
+    skip = {*leave_out, "name"} if group == "model" else set(leave_out)
+    return tuple(f"{group}.{k}={_override_value(v)}" for k, v in values.items() if k not in skip)
+
+
+# The demo as a preset: `make demo`'s far cell and models, read from its YAML (the cell is written there only), so
+# the comparison's protocol (lr sweep, seeds, test eval, report) runs on exactly the demo's runs.
+DEMO = Preset(
+    name="demo",
+    model=demo_overrides("model"),
+    entries={k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa", "power", "hybrid")},
+    headline=("softmax", "swa", "power", "hybrid"),
+    tasks={
+        "mqar": Task(
+            "mqar",
+            (
+                *demo_overrides("data"),
+                *demo_overrides("optim", ("lr",)),
+                *demo_overrides("trainer", ("ckpt_every",)),
+                *QUALITY_TRAINER,
+            ),
+            lrs=(float(OmegaConf.load(DEMO_YAML).optim.lr),),
+            seeds=(0,),
+            test_scales=(1, 4),
+            test_tokens=8192,
+        ),
+    },
+    speed=None,
+    peak_flops=3.24e11,
+)
+
+PRESETS = {p.name: p for p in (CPU, GPU_SMALL, GPU, SMOKE, DEMO)}

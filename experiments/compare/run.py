@@ -12,9 +12,9 @@ and over seeds (experiments/compare/protocol.py), with ablations and the recall-
     python -m experiments.compare.run --preset smoke              # seconds: the pipeline at toy sizes
 
 Writes <data>/speed.json and <data>/quality.json (data: results/compare/<preset>), training runs under <runs>
-(outputs/compare/<preset>: one TensorBoard folder for all), then experiments/report.py's Markdown and PNGs. Every
-finished run and test eval is reused, so the command resumes, and parts may run one after another or side by
-side: run them until no job is left, then once more (or --report-only) for the whole report.
+(outputs/compare/<preset>: one TensorBoard folder for all), then experiments/compare/report.py's Markdown and
+PNGs. Every finished run and test eval is reused, so the command resumes, and parts may run one after another or
+side by side: run them until no job is left, then once more (or --report-only) for the whole report.
 """
 
 import argparse
@@ -31,11 +31,11 @@ import jax
 
 from experiments.compare.models import matched_window
 from experiments.compare.presets import PRESETS
-from experiments.compare.protocol import parse_only, parse_part
+from experiments.compare.protocol import parse_only, parse_part, sweep_runs
 from experiments.compare.quality import collect, run_stages
-from experiments.compare.runs import read_json, timed, write_json
+from experiments.compare.report import write_report
+from experiments.compare.runs import SUMMARY, read_json, timed, write_json
 from experiments.compare.speed import measure_speed
-from experiments.report import write_report
 
 
 def machine() -> dict:
@@ -49,6 +49,11 @@ def machine() -> dict:
         "jax": jax.__version__,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def any_finished_run(preset, runs: Path) -> bool:
+    """Whether any of the preset's sweep runs has finished under `runs` (its summary.json is there)."""
+    return any((run.folder(runs) / SUMMARY).exists() for run in sweep_runs(preset))
 
 
 def parse_args(argv=None):
@@ -74,6 +79,11 @@ def main(argv=None):
     runs = Path(args.runs or f"outputs/compare/{preset.name}")
     default_report = "results/REPORT.md" if preset.name == "cpu" and not args.data else data / "REPORT.md"
     report = Path(args.report or default_report)
+    if args.report_only and not args.skip_quality and not any_finished_run(preset, runs):
+        raise SystemExit(
+            f"error: --report-only found no finished run under {runs}: it would overwrite {data / 'quality.json'} "
+            f"and {report} with an empty report. Run the comparison first (or pass --runs FOLDER)."
+        )
     data.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING)  # the console: warnings; each run's train.log: INFO (quality.py)
     logging.getLogger().setLevel(logging.INFO)

@@ -14,14 +14,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import jax
+from flax import nnx
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from retention.nn import LMConfig
-from retention.train.checkpoint import Checkpoints
-from retention.train.config import Config
-from retention.train.optimizer import make_optimizer
-from retention.train.step import make_init, masked_sums
+from retention import load_run
+from retention.train.step import masked_sums
 
 SUMMARY = "summary.json"  # the trainer's, per run
 TEST = "test.json"  # the test eval's {length: metrics or {"skipped": reason}}
@@ -107,19 +104,11 @@ def train_loss_curve(tb_dir: Path) -> list[tuple[int, float, float]]:
     return [(e.step, e.wall_time - start, e.value) for e in acc.Scalars(TRAIN_LOSS_TAG)]
 
 
-def load_params(cfg: Config, lm: LMConfig, run_dir: Path):
-    """The trained parameters of the finished run in `run_dir`: its checkpoint at trainer.steps. (With the
-    trainer issue's `retention.load_run`, this is `load_run(run_dir)[0]`'s state.)"""
-    tx, _ = make_optimizer(cfg.optim, cfg.trainer.steps)
-    abstract = jax.eval_shape(make_init(lm, tx, cfg.seed))
-    ckpt = Checkpoints(str(run_dir / "checkpoints"), every=cfg.trainer.ckpt_every, keep=cfg.trainer.keep)
-    try:
-        restored = ckpt.restore_latest(abstract)
-    finally:
-        ckpt.close()
-    if restored is None or restored[0] != cfg.trainer.steps:
-        raise FileNotFoundError(f"no checkpoint at step {cfg.trainer.steps} in {run_dir}: is the run finished?")
-    return restored[1]["params"]
+def load_params(run_dir: Path, step: int):
+    """The trained parameters (the model's nnx.State) of the run in `run_dir` at checkpoint `step` (the finished
+    run's trainer.steps), read by `retention.load_run`."""
+    model, _ = load_run(str(run_dir), step)
+    return nnx.state(model)
 
 
 def eval_sums(model, inputs_BT, targets_BT) -> dict:

@@ -1,5 +1,8 @@
-"""What TensorBoard's HParams tab shows for a run: the keys that identify its model and recipe, the absolute eval
-lengths, what its command line set (a sweep's varied keys among them), and the scalar tags shown as metrics."""
+"""What TensorBoard's HParams tab shows for a run: every architecture field, the keys that identify its recipe, the
+absolute eval lengths, what its command line set (a sweep's varied keys among them), and the scalar tags shown as
+metrics."""
+
+import dataclasses
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -15,22 +18,24 @@ def cache_tag(cache_len: int) -> str:
     return f"model/cache_bytes/{cache_len}"
 
 
+def architecture_hparams(lm: LMConfig) -> dict:
+    """Every field of the model as `model.<field>` (vocab_size, set by the data, as `vocab_size`); None as "none",
+    since HParams holds scalars."""
+    return {
+        f"model.{f.name}": "none" if getattr(lm, f.name) is None else getattr(lm, f.name)
+        for f in dataclasses.fields(lm)
+        if f.name != "vocab_size"
+    }
+
+
 def run_hparams(cfg: Config, lm: LMConfig, n_params: int, overrides: dict | None = None) -> dict:
     """The identifying hyperparameters of a run, then `overrides` (see `override_hparams`)."""
     T = cfg.data.seq_len
     keys = {
         "model.name": cfg.model.name,
-        "model.pattern": lm.pattern,
         "layer_kinds": lm.layer_kinds,
         "params": n_params,
-        "model.n_layers": lm.n_layers,
-        "model.d_model": lm.d_model,
-        "model.n_heads": lm.n_heads,
-        "model.n_kv_heads": lm.n_kv_heads,
-        "model.head_dim": lm.head_dim,
-        "model.deg": lm.deg,
-        "model.window": lm.window,
-        "model.dtype": lm.dtype,
+        **architecture_hparams(lm),
         "data.task": cfg.data.task,
         "data.seq_len": T,
         "data.batch_size": cfg.data.batch_size,

@@ -1,6 +1,6 @@
 """The comparison's presets and entries (experiments/compare): every preset's configs pass the trainer's checks, the
-matched window holds the power state's bytes and cannot reach any MQAR key, the demo's window is the matched one,
-and the train-step timer runs the trainer's step."""
+matched window holds the power state's bytes and cannot reach any MQAR key, the demo's window reaches no key of
+its far cell, and the train-step timer runs the trainer's step."""
 
 import dataclasses
 
@@ -13,7 +13,7 @@ from experiments.compare.models import (
     lm_cache_bytes,
     matched_window,
 )
-from experiments.compare.presets import PRESETS, SMOKE
+from experiments.compare.presets import PRESETS, SMOKE, with_overrides
 from experiments.compare.protocol import Run
 from experiments.compare.quality import run_overrides
 from experiments.compare.speed import train_step_time
@@ -47,7 +47,12 @@ def test_every_task_gives_each_entry_the_same_tokens(preset):
         assert all(preset.speed.tokens_per_step % T == 0 for T in preset.speed.lengths)
 
 
-MQAR_CASES = [(p, t) for p in PRESETS.values() for t, spec in p.tasks.items() if spec.data == "mqar"]
+MQAR_CASES = [
+    (p, t)
+    for p in PRESETS.values()
+    for t, spec in p.tasks.items()
+    if spec.data == "mqar" and "swa_matched" in p.entries
+]
 
 
 @pytest.mark.parametrize("preset,task", MQAR_CASES, ids=lambda x: x if isinstance(x, str) else x.name)
@@ -71,14 +76,14 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
         assert query_distances(data.batch(0, seq_len=L, split="eval"), data.num_kv_pairs).min() > reach
 
 
-def test_the_demo_window_is_the_matched_window():
-    """configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W) holds the bytes of its P model's state,
-    and its layers' reach, window and short convolution, is shorter than every query's distance to its key."""
+def test_the_demo_window_reaches_no_key_of_the_far_cell():
+    """configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and short
+    convolution, is shorter than every query's distance to its key on the far cell (the YAML's min_gap), and its KV
+    cache holds fewer bytes than its P model's state (the window is no larger than the fixed state)."""
     demo = ["experiment=mqar_demo"]
-    power, swa, softmax = (compose_config([*demo, f"model.pattern={p}"]) for p in "PWA")
-    assert power.model.conv_size == swa.model.conv_size == 4  # the sweep's models share the hybrid preset's parts
-    per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
-    assert 0 <= lm_cache_bytes(power, 1) - lm_cache_bytes(swa, 4096) < per_token
+    power, swa = (compose_config([*demo, f"model.pattern={p}"]) for p in "PW")
+    assert power.model.conv_size == swa.model.conv_size == 4 and power.model.qk_norm and swa.model.qk_norm
+    assert lm_cache_bytes(swa, 4096) < lm_cache_bytes(power, 1)
     data = make_dataset(dataclasses.replace(power.data, batch_size=64), 0)
     reach = swa.model.n_layers * (swa.model.window - 1 + swa.model.conv_size - 1)
     assert query_distances(data.batch(0, split="eval"), data.num_kv_pairs).min() > reach
@@ -97,3 +102,30 @@ def test_train_step_time_runs_the_trainer_step():
     assert r["step_s"] == pytest.approx(float(np.median(r["times_s"])))
     assert r["tokens_per_s"] == pytest.approx(3 * 48 / r["step_s"])
     assert r["temp_bytes"] > 0 and r["argument_bytes"] > 0
+
+
+@pytest.mark.parametrize("entry, pattern", [("softmax", "A"), ("swa", "W"), ("power", "P"), ("hybrid", "PA")])
+def test_the_demo_preset_is_the_demo(entry, pattern):
+    """The comparison's `demo` preset reads its cell from configs/experiment/mqar_demo.yaml: each entry's run is
+    the demo sweep's run of that pattern (model, data, optimiser and steps alike; only the name differs)."""
+    demo = PRESETS["demo"]
+    run = compose_config(run_overrides(demo, Run("mqar", entry, demo.tasks["mqar"].lrs[0], 0)))
+    sweep = compose_config(["experiment=mqar_demo", f"model.pattern={pattern}"])
+    strip = lambda model: {k: v for k, v in dataclasses.asdict(model).items() if k != "name"}
+    assert strip(run.model) == strip(sweep.model) and run.model.pattern == pattern
+    assert dataclasses.asdict(run.data) == dataclasses.asdict(sweep.data) and run.optim == sweep.optim
+    assert (run.trainer.steps, run.trainer.eval_scales) == (sweep.trainer.steps, sweep.trainer.eval_scales)
+    assert run.seed == sweep.seed
+
+
+def test_with_overrides_changes_by_key():
+    """A change replaces its key's entry in place or is appended; "~key" removes it; removing an absent key is
+    refused."""
+    base = ("model.n_layers=8", "model.head_dim=64", "model.dtype=bfloat16")
+    assert with_overrides(base, "model.n_layers=4", "model.deg=4", "~model.dtype") == (
+        "model.n_layers=4",
+        "model.head_dim=64",
+        "model.deg=4",
+    )
+    with pytest.raises(ValueError, match="removes 'model.window'"):
+        with_overrides(base, "~model.window")

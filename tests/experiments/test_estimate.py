@@ -6,7 +6,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.compare.estimate import estimate, eval_job_count, fit, trained_jobs
+from experiments.compare.estimate import estimate, eval_job_count, fit, main, trained_jobs
 from experiments.compare.presets import SMOKE
 from experiments.compare.runs import timed
 
@@ -48,3 +48,35 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
     assert out["total_s"] == pytest.approx(out["train_s"] + out["test_s"])
     made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
     assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(11 * 7.0)
+
+
+def test_estimate_from_the_committed_quality_json(tmp_path):
+    """No run folder (a fresh clone): the runs recorded in quality.json, each with its overrides and seconds, give
+    the fit; runs without seconds are left out; with neither, a ValueError names where it looked."""
+    task = SMOKE.tasks["mqar"]
+    overrides = [f"data={task.data}", *task.overrides]
+    runs = [
+        {"record": {"task": "mqar", "overrides": [*overrides, "trainer.steps=10"], "cpu_s": 2.0 + 10 * 256 / 1280}},
+        {"record": {"task": "mqar", "overrides": [*overrides, "trainer.steps=30"], "cpu_s": 2.0 + 30 * 256 / 1280}},
+        {"record": None},
+    ]
+    quality = tmp_path / "quality.json"
+    quality.write_text(json.dumps({"runs": runs}))
+    out = estimate(SMOKE, [tmp_path / "no_runs"], "cpu_s", committed=quality)
+    assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
+    with pytest.raises(ValueError, match=r"no finished training run with cpu_s under .*no_runs, .*missing.json"):
+        estimate(SMOKE, [tmp_path / "no_runs"], "cpu_s", committed=tmp_path / "missing.json")
+
+
+def test_estimate_command_from_a_fresh_clone(tmp_path, monkeypatch, capsys):
+    """`python -m experiments.compare.estimate --preset smoke` with no outputs/: the committed quality.json; with
+    none either, it exits with a message (never a traceback)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="no finished training run"):
+        main(["--preset", "smoke"])
+    task = SMOKE.tasks["mqar"]
+    run = {"record": {"task": "mqar", "overrides": [f"data={task.data}", *task.overrides], "cpu_s": 4.0}}
+    (tmp_path / "results" / "compare" / "smoke").mkdir(parents=True)
+    (tmp_path / "results" / "compare" / "smoke" / "quality.json").write_text(json.dumps({"runs": [run]}))
+    main(["--preset", "smoke"])
+    assert "total:" in capsys.readouterr().out

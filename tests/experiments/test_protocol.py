@@ -17,8 +17,8 @@ from experiments.compare.models import compose_config, config_yaml
 from experiments.compare.presets import SMOKE, TEST_OFFSET, Task
 from experiments.compare.protocol import Run, best_lr, in_part, mean_range, parse_only, parse_part, selected
 from experiments.compare.quality import collect, run_overrides, run_stages, stage_jobs
+from experiments.compare.report import write_report
 from experiments.compare.runs import CONFIG, RECORD, SUMMARY, TEST, load_params
-from experiments.report import write_report
 from retention.nn import LM
 from retention.train.config import make_dataset, make_lm_config
 from retention.train.step import SCALAR_SUMS
@@ -150,7 +150,7 @@ def test_decode_eval_with_a_float_cache_equals_the_forward(tiny):
     run = Run("mqar", "softmax", 1e-2, 0)
     cfg = compose_config(run_overrides(TINY, run))
     lm = make_lm_config(cfg.model, make_dataset(cfg.data, 0).vocab_size)
-    params = load_params(cfg, lm, run.folder(tiny))
+    params = load_params(run.folder(tiny), cfg.trainer.steps)
     model = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(0)))), params)
     b = make_dataset(dataclasses.replace(cfg.data, batch_size=3), 0).batch(TEST_OFFSET, seq_len=64, split="eval")
     inputs, targets = jnp.asarray(b.inputs), jnp.asarray(b.targets)

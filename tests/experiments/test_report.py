@@ -1,6 +1,7 @@
-"""The comparison report (experiments/report.py) on a made-up comparison with known numbers: the best learning rate
-per entry (ties, a diverged run), means and ranges over seeds, notes for lengths not run, the headline, the
-ablation deltas, the frontier's order and bytes, the speed ratios, the plots and the appendix of commands."""
+"""The comparison report (experiments/compare/report.py) on a made-up comparison with known numbers: the best
+learning rate per entry (ties, a diverged run), means and ranges over seeds, notes for lengths not run, the
+headline, the ablation deltas, the frontier's order and bytes, the speed ratios, the plots and the appendix of
+commands."""
 
 import json
 import math
@@ -9,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from experiments.compare.report import write_report
 from experiments.compare.results import Cell, Results
-from experiments.report import write_report
 from retention.train.metrics import MetricsWriter
 
 LRS = [1e-3, 3e-3, 1e-2]

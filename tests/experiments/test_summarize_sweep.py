@@ -1,7 +1,10 @@
-"""The sweep table of `make demo` (experiments/summarize_sweep.py): one row per run's summary.json, with the
-layers the trainer actually built."""
+"""The sweep table of `make demo` (experiments/summarize_sweep.py): one row per run's summary.json in job order,
+the swept keys as columns, each row's accuracies at multiples of its own training length, and the layers the
+trainer actually built."""
 
 import json
+
+from omegaconf import OmegaConf
 
 from experiments.compare.models import compose_config, entry_overrides
 from experiments.compare.presets import SMOKE
@@ -9,23 +12,43 @@ from experiments.summarize_sweep import load, table
 from retention.train import train
 
 
-def summary(model: str, layer_kinds: str, accuracy: dict[str, float]) -> dict:
-    evals = {L: {"accuracy": a, "loss": 1.5} for L, a in accuracy.items()}
+def summary(model: str, layer_kinds: str, seq_len: int, accuracy: dict[int, float]) -> dict:
+    evals = {str(L): {"accuracy": a, "loss": 1.5} for L, a in accuracy.items()}
     cache = {"16": 100, "65536": 3 * 2**20}
-    counts = {"params": 123456, "final_loss": 1.5, "tokens_per_s": 98765.4, "cache_bytes": cache}
-    return {"model": model, "layer_kinds": layer_kinds, "eval": evals, **counts}
+    counts = {"params": 123456, "final_loss": 1.5, "tokens_per_s": 98765.4, "cache_bytes": cache, "steps": 7}
+    return {"model": model, "layer_kinds": layer_kinds, "seq_len": seq_len, "eval": evals, **counts}
 
 
-def test_table_rows_from_summaries(tmp_path):
-    """Each run is a row in folder order; a length a run was not evaluated at shows as "-"."""
-    for i, s in enumerate([summary("softmax", "AA", {"32": 0.25, "128": 0.125}), summary("hybrid", "PA", {"32": 1})]):
-        (tmp_path / str(i)).mkdir()
-        (tmp_path / str(i) / "summary.json").write_text(json.dumps(s))
+def write_run(folder, summary: dict, overrides: list[str]) -> None:
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
+
+
+def test_rows_in_job_order_with_swept_keys_and_lengths_per_row(tmp_path):
+    """Jobs 2 and 10 sort as numbers; seq_len and lr differ between the runs (swept: a column each), the model and
+    the shared key do not; each row's acc@T and acc@4T are at its own lengths, "-" where it was not evaluated."""
+    runs = {
+        "10_softmax": (summary("softmax", "AA", 32, {32: 0.25, 128: 0.125}), ["data.seq_len=32", "optim.lr=1e-3"]),
+        "2_hybrid": (summary("hybrid", "PA", 64, {64: 1.0}), ["data.seq_len=64", "optim.lr=3e-3"]),
+    }
+    for name, (s, swept) in runs.items():
+        write_run(tmp_path / name, s, [f"model={s['model']}", "trainer.steps=7", *swept, "hydra.job.num=0"])
     lines = table(load(str(tmp_path))).splitlines()
-    assert lines[0].split() == "model layers params final loss acc@32 acc@128 tokens/s cache@64k".split()
+    header = "job seq_len lr model layers params T steps loss@T acc@T acc@4T tokens/s cache@64k"
+    assert lines[0].split() == header.split()
     assert set(lines[1]) == {"-"}
-    assert lines[2].split() == ["softmax", "AA", "123,456", "1.500", "0.250", "0.125", "98,765", "3.0", "MiB"]
-    assert lines[3].split() == ["hybrid", "PA", "123,456", "1.500", "1.000", "-", "98,765", "3.0", "MiB"]
+    assert lines[2].split() == "2_hybrid 64 3e-3 hybrid PA 123,456 64 7 1.500 1.000 - 98,765 3.0 MiB".split()
+    assert lines[3].split() == "10_softmax 32 1e-3 softmax AA 123,456 32 7 1.500 0.250 0.125 98,765 3.0 MiB".split()
+
+
+def test_a_run_without_overrides_has_no_swept_columns(tmp_path):
+    """A folder that is one run (no .hydra/overrides.yaml) prints its row with no swept-key column."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary("power", "PP", 16, {16: 0.5, 64: 0.25})))
+    lines = table(load(str(tmp_path))).splitlines()
+    assert lines[0].split()[:2] == ["job", "model"]
+    assert lines[2].split()[:2] == ["run", "power"] and lines[2].split()[-5:-3] == ["0.500", "0.250"]
 
 
 def test_a_pattern_repeated_over_the_layers_shows_the_built_layers(tmp_path):
@@ -36,4 +59,4 @@ def test_a_pattern_repeated_over_the_layers_shows_the_built_layers(tmp_path):
     written = train(cfg, str(tmp_path / "run0"))
     assert written["layer_kinds"] == "PAPAP"
     (row,) = table(load(str(tmp_path))).splitlines()[2:]
-    assert row.split()[:2] == ["hybrid", "PAPAP"]
+    assert row.split()[:3] == ["run0", "hybrid", "PAPAP"]

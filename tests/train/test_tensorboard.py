@@ -3,6 +3,7 @@ is one TensorBoard run with train/tokens_seen, tokens-indexed twins and eval tag
 (eval/x1/loss in a run at 16 tokens and in one at 32); its HParams row (written at the start) holds the keys that
 identify it, the swept key and the absolute eval lengths, with eval values, tokens/s and cache bytes as metrics."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from retention.nn import LMConfig
+from retention.train.hparams import architecture_hparams
 from tests.train.common import ROOT, TINY, event_files, event_tags
 
 
@@ -49,3 +52,15 @@ def test_a_sweep_shares_tags_and_has_one_row_per_run(tmp_path):
         assert values["model"] == "hybrid" and values["trainer.steps"] == 3  # what the command line set
         assert {"eval/x1/loss", "eval/x2/accuracy", "perf/tokens_per_s", "model/cache_bytes/1024"} <= set(metrics)
         assert {"perf/tokens_per_s", "model/cache_bytes/1024"} <= tags  # the metrics' values are scalars
+
+
+def test_hparams_hold_every_architecture_field():
+    """Each LMConfig field is an HParams key `model.<field>` with the run's value (None as "none"): a sweep over
+    conv_size, qk_norm or gating is told apart in the HParams tab."""
+    lm = LMConfig(pattern="PA", n_layers=2, conv_size=3, qk_norm=True, gating=False, deg=4, head_dim=16, window=7)
+    values = architecture_hparams(lm)
+    fields = {f.name for f in dataclasses.fields(LMConfig)} - {"vocab_size"}
+    assert set(values) == {f"model.{name}" for name in fields}
+    assert values["model.conv_size"] == 3 and values["model.qk_norm"] is True and values["model.gating"] is False
+    assert values["model.deg"] == 4 and values["model.head_dim"] == 16 and values["model.window"] == 7
+    assert values["model.chunk_size"] == "none" and values["model.kv_cache_bits"] == "none"

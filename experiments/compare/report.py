@@ -1,7 +1,7 @@
 """The comparison report: reads a comparison's speed.json and quality.json (python -m experiments.compare.run) and
 its runs' TensorBoard logs, and writes a Markdown report with tables and PNG plots.
 
-    python -m experiments.report results/compare/cpu --out results/REPORT.md
+    python -m experiments.compare.report results/compare/cpu --out results/REPORT.md
 
 Sections: the machine and date; the headline (per model, what it buys: train-step and decode speed and cache bytes
 at the longest length; what it costs: each task at 1x, 16x and the longest length); the hand-written reading
@@ -15,11 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from experiments.compare.results import Results
-from experiments.formatting import human_bytes, md_table, times, tokens
-from experiments.plotting import label
-from experiments.report_frontier import ablation_section, frontier_section
-from experiments.report_quality import (
+from experiments.compare.report_frontier import ablation_section, frontier_section
+from experiments.compare.report_quality import (
     curves_section,
     lr_section,
     position_section,
@@ -27,7 +24,10 @@ from experiments.report_quality import (
     runs_appendix,
     task_section,
 )
-from experiments.report_speed import op_section, speed_section
+from experiments.compare.report_speed import op_section, speed_section
+from experiments.compare.results import Results
+from experiments.formatting import human_bytes, md_table, times, tokens
+from experiments.plotting import label
 
 
 def headline_lengths(res: Results, task: str) -> list[int]:
