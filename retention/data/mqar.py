@@ -24,10 +24,10 @@ class MQAR:
     def __init__(
         self,
         *,
-        vocab_size: int,
+        vocab_size: int = 128,
         seq_len: int,
         batch_size: int,
-        num_kv_pairs: int,
+        num_kv_pairs: int = 4,
         power_a: float = 0.01,
         min_gap: int = 0,
         seed: int = 0,

@@ -21,7 +21,15 @@ class Passkey:
     """Passkey batches [batch_size, seq_len]; training rows draw a uniform depth, `depth=` fixes it. `depths` are
     the depths evaluated one by one (the trainer's eval sets)."""
 
-    def __init__(self, *, seq_len: int, batch_size: int, n_filler: int = 8, depths=(0.0, 0.5, 1.0), seed: int = 0):
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        batch_size: int,
+        n_filler: int = 8,
+        depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0),
+        seed: int = 0,
+    ):
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("n_filler", n_filler)):
             check_int(name, value)
         for depth in depths:

@@ -5,15 +5,18 @@ checks values (lengths, vocab, divisibility) and raises ValueError naming the ke
 
 - `model`: `ModelConfig`, made from `LMConfig`'s fields (a field added there is a `model.` key at once, with its
   default) less `vocab_size`, which the data sets, plus `name` and `target_params`.
-- `data`: one schema per task (`MQARDataConfig`, `PasskeyDataConfig`, `CopyDataConfig`, `TextDataConfig`), each
-  with only its generator's arguments plus the shared `seq_len`, `batch_size` and `prefetch`; the task is the
+- `data`: one schema per task (`DATA_SCHEMAS[task]`), made from its generator's keyword arguments and defaults
+  (the generator owns them) plus the shared `seq_len`, `batch_size` and `prefetch`; the task is the
   chosen group (`data=passkey`), so a key of another task stops at composition.
 - `optim`, `trainer`, `mesh` (a config group too: `mesh=fsdp`, `mesh.sequence=2`), `seed`.
 """
 
 import dataclasses
+import functools
+import inspect
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -62,60 +65,43 @@ class DataConfig:
     prefetch: int = 2  # batches made ahead by the background thread
 
 
-@dataclass
-class MQARDataConfig(DataConfig):
-    """MQAR (retention/data/mqar.py): vocab_size > seq_len, keys and values drawn from halves of the vocab."""
-
-    task: ClassVar[str] = "mqar"
-    vocab_size: int = 128
-    num_kv_pairs: int = 4
-    power_a: float = 0.01
-    min_gap: int = 0  # tokens between the last pair and the first query (0: Zoology's layout)
-
-
-@dataclass
-class PasskeyDataConfig(DataConfig):
-    """Passkey retrieval (retention/data/passkey.py); evaluated at each of `depths` too."""
-
-    task: ClassVar[str] = "passkey"
-    n_filler: int = 8
-    depths: list[float] = field(default_factory=lambda: [0.0, 0.5, 1.0])
+SCHEMA_DOCS = {
+    "mqar": "MQAR (retention/data/mqar.py): vocab_size > seq_len, keys and values drawn from halves of the vocab.",
+    "passkey": "Passkey retrieval (retention/data/passkey.py); evaluated at each of `depths` too.",
+    "copy": "Selective copying (retention/data/selective_copy.py).",
+    "text": "Packed text windows (retention/data/text.py): source=folder reads the text files under `path` with one "
+    "of `extensions` (both None: the running Python's standard-library .py files); source=hf reads "
+    "datasets.load_dataset(hf_name, data_files=hf_data_files, split=hf_split, streaming=hf_streaming), one "
+    "document per row's hf_text_field. tokenizer: bytes (vocab 257) or bpe (a byte-level BPE of vocab_size ids, "
+    "default 4096, saved as tokenizer.json in the run folder). cache_dir: the token cache (None: "
+    "$RETENTION_CACHE, else ~/.cache/retention/text).",
+}
+_SET_BY_THE_TRAINER = ("seq_len", "batch_size", "seed", "tokenizer_path")  # DataConfig's, the run's, the run folder's
 
 
-@dataclass
-class CopyDataConfig(DataConfig):
-    """Selective copying (retention/data/selective_copy.py)."""
-
-    task: ClassVar[str] = "copy"
-    num_copy: int = 8
-    n_tokens: int = 16
-
-
-@dataclass
-class TextDataConfig(DataConfig):
-    """Packed text windows (retention/data/text.py): source=folder reads the text files under `path` with one of
-    `extensions` (both None: the running Python's standard-library .py files); source=hf reads
-    datasets.load_dataset(hf_name, data_files=hf_data_files, split=hf_split, streaming=hf_streaming), one document
-    per row's hf_text_field. tokenizer: bytes (vocab 257) or bpe (a byte-level BPE of vocab_size ids, default
-    4096, saved as tokenizer.json in the run folder). cache_dir: the token cache (None: $RETENTION_CACHE, else
-    ~/.cache/retention/text)."""
-
-    task: ClassVar[str] = "text"
-    source: str = "folder"
-    path: str | None = None
-    extensions: list[str] | None = None
-    eval_fraction: float = 0.05
-    tokenizer: str = "bytes"
-    vocab_size: int | None = None
-    hf_name: str | None = None
-    hf_data_files: list[str] | None = None
-    hf_text_field: str = "text"
-    hf_split: str = "train"
-    hf_streaming: bool = False
-    cache_dir: str | None = None
+def _schema_field(parameter: inspect.Parameter) -> tuple:
+    """A generator's keyword argument as a dataclass field with its default: a tuple becomes a list (what
+    OmegaConf holds), so `depths: tuple[float, ...] = (0, 1)` is a `list[float]` field."""
+    kind, default = parameter.annotation, parameter.default
+    if typing.get_origin(kind) is tuple:
+        kind = list[typing.get_args(kind)[0]]
+    if isinstance(default, tuple):
+        return parameter.name, kind, field(default_factory=functools.partial(list, default))
+    return parameter.name, kind, field(default=default)
 
 
-DATA_SCHEMAS = {schema.task: schema for schema in (MQARDataConfig, PasskeyDataConfig, CopyDataConfig, TextDataConfig)}
+def _data_schema(task: str) -> type:
+    """The data group's schema of `task`, made from its generator's keyword arguments and their defaults (the
+    generator owns them; configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared fields."""
+    generator = TASKS[task]
+    parameters = inspect.signature(generator).parameters.values()
+    fields = [_schema_field(p) for p in parameters if p.name not in _SET_BY_THE_TRAINER]
+    namespace = {"task": task, "__doc__": SCHEMA_DOCS[task]}
+    name = f"{generator.__name__}DataConfig"
+    return dataclasses.make_dataclass(name, fields, bases=(DataConfig,), module=__name__, namespace=namespace)
+
+
+DATA_SCHEMAS = {task: _data_schema(task) for task in TASKS}
 
 
 @dataclass

@@ -112,6 +112,7 @@ def test_model_group_is_lmconfig():
     assert {f.name for f in dataclasses.fields(ModelConfig)} == {*lm_fields, "name", "target_params"} - {"vocab_size"}
     model = compose_config(["model=swa"]).model
     preset_keys = {"name", "pattern", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "window"}
+    preset_keys |= {"conv_size", "qk_norm"}  # base.yaml's standard parts
     for name, default in lm_fields.items():
         if name not in preset_keys | {"vocab_size"}:
             assert getattr(model, name) == default, name
@@ -204,3 +205,19 @@ def test_slurm_launcher_requeues_on_timeout():
     """submitit requeues a job that reached its time limit (the trainer saved at SIGUSR2) instead of ending it."""
     launcher = OmegaConf.load(os.path.join(ROOT, "configs", "hydra", "launcher", "slurm.yaml"))
     assert launcher.max_num_timeout > 0 and launcher.signal_delay_s > 0
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_data_yaml_sets_only_what_differs_from_the_generator(task):
+    """Every data default has one owner, the generator: configs/data/<task>.yaml sets only keys whose value differs
+    from the schema's default (made from the generator's signature), and the composed config is the schema's
+    defaults with those keys."""
+    yaml = OmegaConf.load(os.path.join(ROOT, "configs", "data", f"{task}.yaml"))
+    defaults = OmegaConf.structured(DATA_SCHEMAS[task])
+    restated = [key for key in yaml if key != "defaults" and yaml[key] == defaults[key]]
+    assert not restated, restated
+    composed = dataclasses.asdict(compose_config([f"data={task}"]).data)
+    assert composed == {
+        **OmegaConf.to_container(defaults),
+        **{k: yaml[k] for k in yaml if k != "defaults"},
+    }
