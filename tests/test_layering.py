@@ -1,7 +1,8 @@
 """The house's import rules, read from the source: every import runs downhill (validation <- ops, parallel, data <-
-nn <- train <- the face: run, export, generation), the Pallas kernels import nothing of `retention` and are reached
-only through the power-retention op's pallas.py, and `import retention.ops` loads neither the trainer's libraries
-nor Flax."""
+nn <- train <- the face: load, export, generation, serve), the Pallas kernels import nothing of `retention` and are
+reached only through the power-retention op's pallas.py, experiments/ runs downhill too (its helpers <- the
+benchmarks <- compare/ <- the scripts built on the comparison), and `import retention.ops` loads neither the
+trainer's libraries nor Flax."""
 
 import ast
 import pathlib
@@ -71,6 +72,40 @@ def test_kernels_are_a_leaf_reached_through_one_file():
         if any(n.split(".")[0] == "pallas_kernels" for n in _imports(path))
     ]
     assert importers == [KERNELS_IMPORTER]
+
+
+EXPERIMENT_HELPERS = {"experiments.formatting", "experiments.timing", "experiments.plotting"}
+
+
+def _experiment_layers() -> tuple[dict[str, int], dict[str, list[str]]]:
+    """(each experiments module's layer, its imports): 0 the shared helpers, 1 the benchmarks, 2 the comparison
+    (compare/), 3 the scripts that build on the comparison."""
+    modules = {}
+    for path in _sources("experiments"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        modules[name] = [n for n in _imports(path) if n.startswith("experiments")]
+    layer = lambda name, imports: (
+        0
+        if name in EXPERIMENT_HELPERS or name == "experiments"
+        else 2
+        if name.startswith("experiments.compare")
+        else 3
+        if any(n.startswith("experiments.compare") for n in imports)
+        else 1
+    )
+    return {name: layer(name, imports) for name, imports in modules.items()}, modules
+
+
+def test_experiments_run_downhill():
+    layers, modules = _experiment_layers()
+    assert layers["experiments.compare.report"] == 2  # the report lives inside the comparison
+    uphill = [
+        f"{name} imports {n}"
+        for name, imports in modules.items()
+        for n in imports
+        if n in layers and layers[n] > layers[name]
+    ]
+    assert not uphill, uphill
 
 
 def test_the_ops_load_without_the_trainer_or_flax():
