@@ -112,7 +112,8 @@ def test_a_positive_gate_gives_nan(path, gate):
 
 def test_a_positive_gate_with_known_values_raises():
     q, k, v, g = random_qkv(2, 1, 8, 2, 2, 8, gate="mild")
-    with pytest.raises(ValueError, match=r"log_g must be <= 0 \(a log-gate; -inf is a reset\), got 3.0 at \[b, t, h\]"):
+    message = r"log_g must be <= 0 \(a log-gate; -inf is a reset\), got 3.0 at index \(0, 5, 1\)"
+    with pytest.raises(ValueError, match=message):
         power_retention(q, k, v, g.at[0, 5, 1].set(3.0))
 
 
