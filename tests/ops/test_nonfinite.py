@@ -66,7 +66,7 @@ def _poison(name, t, value, q, k, v, g):
     "name,t,value", [("k", 5, jnp.nan), ("v", 21, jnp.inf), ("q", 17, jnp.nan), ("log_g", 30, jnp.nan)]
 )
 def test_a_poisoned_token_poisons_what_sees_it_and_nothing_before(path, name, t, value):
-    """NaN in k at token 5 (the issue: every row became 0), inf in v, NaN in a query row (only that row), a NaN gate
+    """NaN in k at token 5 (no row may become 0), inf in v, NaN in a query row (only that row), a NaN gate
     (retention only: later rows of kv-head 0's query heads)."""
     if name == "log_g" and path.startswith("softmax"):
         pytest.skip("softmax has no gates")
@@ -120,7 +120,7 @@ def test_a_positive_gate_with_known_values_raises():
 @pytest.mark.parametrize("path", RETENTION_PATHS)
 @pytest.mark.parametrize("gate", [-jnp.inf, -1e9])
 def test_a_zero_gate_is_an_exact_reset(path, gate):
-    """log_g = -inf at token 23 (the issue: 0 for xla, NaN for the reference) or -1e9 (20% off): the rows from 23
+    """log_g = -inf at token 23 (neither 0 on the xla path nor NaN in the reference) or -1e9 (20% off): the rows from 23
     equal the second part run alone, in float32 rounding, and the first part is untouched."""
     q, k, v, g = random_qkv(3, 2, T, 4, 2, 8, gate="mild")
     got = np.asarray(RETENTION_PATHS[path](q, k, v, g.at[:, 23].set(gate)))

@@ -118,9 +118,9 @@ RECIPE = [
 
 @pytest.mark.parametrize("deg", [4, 6])
 def test_mqar_recipe_trains_200_steps_finite(deg):
-    """Issue 12's MQAR recipe (2 P layers, ~100k parameters, head dim 16, T=32, 4 pairs, vocab 64, batch 128, lr
-    3e-3) at degree 4 and 6: 200 train steps keep the loss and the gradient norm finite (before the normaliser's
-    gradient was fixed, degree 4 went NaN at step ~190 from a normaliser of ~1e-21)."""
+    """The degree-4/6 MQAR recipe (2 P layers, ~100k parameters, head dim 16, T=32, 4 pairs, vocab 64, batch 128,
+    lr 3e-3): 200 train steps keep the loss and the gradient norm finite (a quotient-rule gradient of the
+    normaliser goes NaN at step ~190 here, from a normaliser of ~1e-21)."""
     cfg = compose_config(RECIPE + [f"model.deg={deg}", f"seed={SEED}"])
     assert cfg.model.head_dim == 16 and cfg.data.batch_size == 128 and cfg.data.seq_len == 32
     lm, dataset = build(cfg)
