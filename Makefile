@@ -1,5 +1,5 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
-#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, about 3 minutes on
+#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, about 5 minutes on
 #            2 idle cores), then its table and the TensorBoard command.
 # make test: the same set-up, then the test suite.
 # make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).
