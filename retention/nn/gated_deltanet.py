@@ -18,14 +18,12 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.nn.layers import check_heads
 from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import conv_taps, make_qkv_parts, project_qkv, qkv_part_params, qkvo_weights
+from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
 from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
-from retention.validation import check_int
 
 DT_RANGE = (1e-3, 1e-1)  # the decay's initial step sizes, log-uniform (Mamba2's)
 A_RANGE = (1.0, 16.0)  # its initial rates A = exp(A_log), uniform
@@ -36,7 +34,7 @@ def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
     return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
-class GatedDeltaNet(nnx.Module):
+class GatedDeltaNet(QKVMixer):
     """The Gated DeltaNet mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)),
     conv_size taps of short convolution (0: none), optional QK RMSNorm before the L2 normalisation."""
 
@@ -54,17 +52,13 @@ class GatedDeltaNet(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        check_int("d_model", d_model)
-        check_heads(heads, kv_heads, head_dim)
         check_chunk_size(chunk_size)
-        self.heads, self.kv_heads, self.head_dim, self.chunk_size = heads, kv_heads, head_dim, chunk_size
-        self.rope_base = None
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = linear(d_model, heads * head_dim)
-        self.k_proj = linear(d_model, kv_heads * head_dim)
-        self.v_proj = linear(d_model, kv_heads * head_dim)
-        self.o_proj = linear(heads * head_dim, d_model)
-        self.gate_proj = linear(d_model, heads * head_dim)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=None, dtype=dtype, param_dtype=param_dtype)
+        super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
+        self.chunk_size = chunk_size
+        self.gate_proj = nnx.Linear(
+            d_model, heads * head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
         f32_linear = lambda o: nnx.Linear(d_model, o, use_bias=False, param_dtype=param_dtype, rngs=rngs)
         self.beta_proj, self.a_proj = f32_linear(kv_heads), f32_linear(kv_heads)
         low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
@@ -74,9 +68,6 @@ class GatedDeltaNet(nnx.Module):
         A = jax.random.uniform(rngs.params(), (kv_heads,), minval=A_RANGE[0], maxval=A_RANGE[1])
         self.A_log = nnx.Param(jnp.log(A).astype(param_dtype))
         self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
-        self.conv, self.qk_norm = make_qkv_parts(
-            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
-        )
 
     def __call__(
         self,
@@ -107,7 +98,7 @@ class GatedDeltaNet(nnx.Module):
         )
         gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)
-        return self.o_proj(o.reshape(B, T, self.heads * self.head_dim)), cache
+        return self.out(o), cache
 
     def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
         """A prompt into a fresh cache: the same as a call with the cache."""

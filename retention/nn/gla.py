@@ -14,20 +14,18 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.nn.layers import check_heads
 from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import conv_taps, make_qkv_parts, project_qkv, qkv_part_params, qkvo_weights
+from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
-from retention.validation import check_int
 
 GATE_RANK = 16  # the decay's low-rank projection (the paper's)
 GATE_NORMALISER = 16.0  # log-gates divided by this: decays start near 1 (the paper's)
 
 
-class GatedLinearAttention(nnx.Module):
+class GatedLinearAttention(QKVMixer):
     """The GLA mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)), conv_size
     taps of short convolution (0: none), optional QK RMSNorm."""
 
@@ -45,23 +43,16 @@ class GatedLinearAttention(nnx.Module):
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
-        check_int("d_model", d_model)
-        check_heads(heads, kv_heads, head_dim)
         check_chunk_size(chunk_size)
-        self.heads, self.kv_heads, self.head_dim, self.chunk_size = heads, kv_heads, head_dim, chunk_size
-        self.rope_base = None
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = linear(d_model, heads * head_dim)
-        self.k_proj = linear(d_model, kv_heads * head_dim)
-        self.v_proj = linear(d_model, kv_heads * head_dim)
-        self.o_proj = linear(heads * head_dim, d_model)
-        self.gate_proj = linear(d_model, heads * head_dim)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=None, dtype=dtype, param_dtype=param_dtype)
+        super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
+        self.chunk_size = chunk_size
+        self.gate_proj = nnx.Linear(
+            d_model, heads * head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
         self.decay_down = nnx.Linear(d_model, GATE_RANK, use_bias=False, param_dtype=param_dtype, rngs=rngs)
         self.decay_up = nnx.Linear(GATE_RANK, kv_heads * head_dim, param_dtype=param_dtype, rngs=rngs)
         self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
-        self.conv, self.qk_norm = make_qkv_parts(
-            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
-        )
 
     def __call__(
         self,
@@ -90,7 +81,7 @@ class GatedLinearAttention(nnx.Module):
         )
         gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)
-        return self.o_proj(o.reshape(B, T, self.heads * self.head_dim)), cache
+        return self.out(o), cache
 
     def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
         """A prompt into a fresh cache: the same as a call with the cache."""
