@@ -1,6 +1,7 @@
-"""The matrix-state mixers, Gated DeltaNet (D), GLA (G) and Mamba2 (M): decode steps against the full forward, packed documents
-in an LM against the documents alone (prefill, then decode into a new document), cache bytes constant in length,
-and one finite LM train step. (Their parameter and cache-byte formulas: tests/nn/test_registry.py, every letter.)"""
+"""The matrix-state mixers, Gated DeltaNet (D), GLA (G) and Mamba2 (M): decode steps against the full forward,
+packed documents in an LM against the documents alone (prefill, then decode into a new document), cache bytes
+constant in length, and one finite LM train step. (Their parameter and cache-byte formulas: tests/nn/test_registry.py,
+every letter; Mamba2 against the paper's token loop: test_mamba2.py.)"""
 
 import dataclasses
 
