@@ -19,9 +19,10 @@ def test_fit_recovers_overhead_and_rate():
 
 
 def test_smoke_job_counts():
-    """smoke: 4 trained entries x 2 lrs, and 3 headline entries' second seed; tests: 3 headline x 2 seeds, the
-    ablation once, the quantized-cache entry at its base's 2 seeds."""
-    assert len(trained_jobs(SMOKE)) == 4 * 2 + 3 and eval_job_count(SMOKE) == 3 * 2 + 1 + 2
+    """smoke: 7 trained entries (3 of them the field's mixers on the frontier) x 2 lrs, and 3 headline entries'
+    second seed; tests: 3 headline x 2 seeds, the ablation and the 3 field mixers once, the quantized-cache entry at
+    its base's 2 seeds."""
+    assert len(trained_jobs(SMOKE)) == 7 * 2 + 3 and eval_job_count(SMOKE) == 3 * 2 + 1 + 3 + 2
 
 
 def made_up_run(folder, steps: int, batch: int, seq_len: int, cpu_s: float) -> None:
