@@ -172,37 +172,40 @@ def _build(config, *, rngs: nnx.Rngs) -> Mamba2:
 
 
 def _sizes(config) -> tuple[int, int, int]:
-    """(d_inner, heads, bc: the channels of B and C together)."""
+    """(d_inner, heads, b_and_c: the channels of B and C together)."""
     d_inner = config.ssm_expand * config.d_model
     return d_inner, d_inner // config.head_dim, 2 * config.ssm_groups * config.ssm_state_size
 
 
 def _matmul_params(config) -> int:
     """The input projection (z, x, B, C, dt) and the output projection."""
-    d_inner, H, bc = _sizes(config)
-    return config.d_model * (2 * d_inner + bc + H) + d_inner * config.d_model
+    d_inner, H, b_and_c = _sizes(config)
+    return config.d_model * (2 * d_inner + b_and_c + H) + d_inner * config.d_model
 
 
 def _params(config) -> int:
     """The projections, the convolution's taps and bias over x, B and C, dt_bias, A_log and D per head, the
     norm's scale."""
-    d_inner, H, bc = _sizes(config)
-    return _matmul_params(config) + (config.conv_size + 1) * (d_inner + bc) * bool(config.conv_size) + 3 * H + d_inner
+    d_inner, H, b_and_c = _sizes(config)
+    conv = (config.conv_size + 1) * (d_inner + b_and_c) if config.conv_size else 0
+    return _matmul_params(config) + conv + 3 * H + d_inner
 
 
 def _mixing_flops(config, T: int) -> float:
     """Per token and head (state N x P): the state write and read 2 N P each; inside the chunk 2 c N for the
     scores C.B and 2 c P for their product with the values; 2 per convolution tap."""
-    d_inner, H, bc = _sizes(config)
+    d_inner, H, b_and_c = _sizes(config)
     N, P = config.ssm_state_size, config.head_dim
     c = config.chunk_size or default_chunk_size(T, PREFERRED_CHUNK)
-    return H * (4 * N * P + 2 * c * (N + P)) + 2 * config.conv_size * (d_inner + bc)
+    return H * (4 * N * P + 2 * c * (N + P)) + 2 * config.conv_size * (d_inner + b_and_c)
 
 
 def _cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
     """S [H, N, P] in float32 and each row's last segment id, the conv cache of x, B and C."""
-    d_inner, H, bc = _sizes(config)
-    return state_bytes(batch, H, config.ssm_state_size, config.head_dim) + conv_cache_bytes(config, batch, d_inner + bc)
+    d_inner, H, b_and_c = _sizes(config)
+    return state_bytes(batch, H, config.ssm_state_size, config.head_dim) + conv_cache_bytes(
+        config, batch, d_inner + b_and_c
+    )
 
 
 MAMBA2 = MixerKind("Mamba2", _build, _params, _matmul_params, _mixing_flops, _cache_bytes, fixed_state=True)
