@@ -44,11 +44,11 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
     out = estimate(SMOKE, [tmp_path], "cpu_s")
     tokens = 3 * 4 * 64  # smoke's mqar: 3 steps of 4 x 64 tokens
     assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
-    assert out["train_s"] == pytest.approx(11 * (2.0 + tokens / 1280))
-    assert out["test_s"] == pytest.approx(9 * 30.0) and out["speed_s"] is None
+    assert out["train_s"] == pytest.approx(17 * (2.0 + tokens / 1280))
+    assert out["test_s"] == pytest.approx(12 * 30.0) and out["speed_s"] is None
     assert out["total_s"] == pytest.approx(out["train_s"] + out["test_s"])
     made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
-    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(11 * 7.0)
+    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(17 * 7.0)
 
 
 def test_estimate_from_the_committed_quality_json(tmp_path):
