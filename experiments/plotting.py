@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from experiments.formatting import tokens
 
 COLORS = {"softmax": "C0", "swa": "C1", "swa_matched": "C4", "power": "C2", "hybrid": "C3"}
+COLORS |= {"gated_deltanet": "C5", "gla": "C6", "mamba2": "C7"}  # the field's fixed-state mixers
 
 
 def color(entry: str) -> str | None:

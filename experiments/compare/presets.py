@@ -2,11 +2,12 @@
 
 A preset names trained configurations (`Entry`: a model config group and its overrides) in three roles:
 `headline` (softmax A, window W, the window with the power state's bytes, power P, hybrids: on every task),
-`ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, quantized KV caches:
-on the frontier task). Each task gives its data and trainer overrides, the learning rates every entry is trained
-at (seed `seeds[0]`), the seeds run at the best one, and the lengths of the test evaluation. Model overrides are
-Hydra strings, exactly as `train.py` takes them; each task's recipe is written once (MQAR_RECIPE, PASSKEY_RECIPE,
-TEXT_RECIPE: the cpu preset's) and the other presets change it by key (`with_overrides`).
+`ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, quantized KV caches,
+the field's fixed-state mixers Gated DeltaNet, GLA and Mamba2: on the frontier task). Each task gives its data
+and trainer overrides, the learning rates every entry is trained at (seed `seeds[0]`), the seeds run at the best
+one, and the lengths of the test evaluation. Model overrides are Hydra strings, exactly as `train.py` takes them;
+each task's recipe is written once (MQAR_RECIPE, PASSKEY_RECIPE, TEXT_RECIPE: the cpu preset's) and the other
+presets change it by key (`with_overrides`).
 
 - `cpu`: this 2-core machine, about 30 minutes on 2 idle cores (CPU_ESTIMATE), in parts that resume.
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
@@ -136,6 +137,13 @@ HEADLINE_ENTRIES = {
 }
 
 
+FIELD_ENTRIES = {  # the registry's other fixed-state mixers, each at its own decode-state bytes on the frontier
+    "gated_deltanet": Entry("gated_deltanet"),
+    "gla": Entry("gla"),
+    "mamba2": Entry("mamba2"),
+}
+
+
 def ablation_entries() -> dict[str, Entry]:
     """One change each to a headline entry (the headline models have the preset's short convolution and QK
     RMSNorm: the ablations take one part away, or change the degree or the hybrid's ratio)."""
@@ -222,10 +230,10 @@ CPU = Preset(
         "model.qk_norm=true",
         "model.target_params=100000",
     ),
-    entries=_entries(CPU_WINDOWS, CPU_HEAD_DIMS, (2,)),
+    entries={**_entries(CPU_WINDOWS, CPU_HEAD_DIMS, (2,)), **FIELD_ENTRIES},
     headline=tuple(HEADLINE_ENTRIES),
     ablations=CPU_ABLATIONS,
-    frontier=CPU_FRONTIER,
+    frontier=(*CPU_FRONTIER, *FIELD_ENTRIES),
     ablation_task="mqar",
     frontier_task="mqar",
     tasks={
@@ -276,12 +284,16 @@ CPU = Preset(
     long_eval_bytes=6 * 2**30,
     long_eval_skip={
         "softmax": "time: about 1e12 FLOPs a 64k sequence, minutes on 2 cores",
-        **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
+        **{
+            e: "time: the cpu preset evaluates 64k for the headline only"
+            for e in (*CPU_ABLATIONS, *CPU_FRONTIER, *FIELD_ENTRIES)
+        },
     },
 )
 # Measured (2026-12-01, 2 shared cores, outputs/compare/cpu/timings.json): the speed sweep 580 CPU s; 63 training
 # runs about 2,200 (35 a run: mqar 200 steps, passkey and text 60, mostly compilation and evals); seeds 235; 37 test
-# evals 130. About 52 CPU minutes: half an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2).
+# evals 130. About 52 CPU minutes: half an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2). The
+# field's mixers on the frontier add 9 MQAR runs (3 entries x 3 lrs), about 5 CPU minutes more at 35 s a run.
 CPU_ESTIMATE = "about 30 minutes on 2 idle cores in two parts (52 CPU minutes measured)"
 
 GPU_MODEL = (
@@ -301,10 +313,10 @@ GPU_WINDOWS, GPU_HEAD_DIMS = (64, 256, 2048), (16, 64)
 GPU = Preset(
     name="gpu",
     model=GPU_MODEL,
-    entries=_entries(GPU_WINDOWS, GPU_HEAD_DIMS),
+    entries={**_entries(GPU_WINDOWS, GPU_HEAD_DIMS), **FIELD_ENTRIES},
     headline=tuple(HEADLINE_ENTRIES),
     ablations=tuple(ablation_entries()),
-    frontier=_frontier(GPU_WINDOWS, GPU_HEAD_DIMS),
+    frontier=(*_frontier(GPU_WINDOWS, GPU_HEAD_DIMS), *FIELD_ENTRIES),
     ablation_task="mqar",
     frontier_task="mqar",
     tasks={
@@ -430,10 +442,11 @@ SMOKE = Preset(
         **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power")},
         "power_nogate": ablation_entries()["power_nogate"],
         "softmax_kv4": frontier_entries((), ())["softmax_kv4"],
+        **FIELD_ENTRIES,
     },
     headline=("softmax", "swa_matched", "power"),
     ablations=("power_nogate",),
-    frontier=("softmax_kv4",),
+    frontier=("softmax_kv4", *FIELD_ENTRIES),
     ablation_task="mqar",
     frontier_task="mqar",
     tasks={

@@ -5,6 +5,7 @@ from retention.nn.attention import Attention, AttentionCache
 from retention.nn.config import LMConfig
 from retention.nn.gated_deltanet import GatedDeltaNet
 from retention.nn.gla import GatedLinearAttention
+from retention.nn.mamba2 import Mamba2
 from retention.nn.matrix_state import MatrixStateCache
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.model import LM, LMCache
@@ -15,6 +16,7 @@ from retention.nn.sizing import cache_bytes, count_params, decode_cache_bytes, f
 __all__ = [
     "LM",
     "MIXERS",
+    "Mamba2",
     "Attention",
     "AttentionCache",
     "GatedDeltaNet",

@@ -5,6 +5,7 @@ import dataclasses
 
 from retention.nn.conv import check_conv_size
 from retention.nn.layers import check_heads, check_rope_base
+from retention.nn.mamba2 import check_mamba2_dims
 from retention.nn.power_retention import GATE_BIAS_INIT
 from retention.nn.registry import MIXERS
 from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg
@@ -50,6 +51,9 @@ class LMConfig:
     qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
     conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
     chunk_size: int | None = None
+    ssm_state_size: int = 64  # M layers: Mamba2's state size N per group of B and C
+    ssm_expand: int = 2  # M layers: d_inner = ssm_expand * d_model, in heads of head_dim
+    ssm_groups: int = 1  # M layers: groups of B and C, each shared by n_heads_M / ssm_groups heads
     retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
     attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
     kv_cache_bits: int | None = None  # the A and W layers' decode cache: float (None) or quantized (8, 4 bits)
@@ -67,6 +71,12 @@ class LMConfig:
         for name in ("dtype", "param_dtype"):
             check_choice(name, getattr(self, name), FLOAT_DTYPES)
         check_chunk_size(self.chunk_size)
+        names = ("d_model", "head_dim", "ssm_state_size", "ssm_expand", "ssm_groups")
+        if "M" in self.pattern:
+            check_mamba2_dims(*(getattr(self, name) for name in names), names=names)
+        else:
+            for name in names[2:]:
+                check_int(name, getattr(self, name))
         check_choice("retention_impl", self.retention_impl, RETENTION_IMPLS)
         check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         check_choice("kv_cache_bits", self.kv_cache_bits, (None, *KV_CACHE_BITS))

@@ -11,22 +11,18 @@ op; `prefill` is the same call into an empty cache. Its cache (MatrixStateCache)
 float32, the same size at any length, each row's last segment id, and the conv cache.
 """
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.nn.mamba2 import init_decay
 from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
 from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
-
-DT_RANGE = (1e-3, 1e-1)  # the decay's initial step sizes, log-uniform (Mamba2's)
-A_RANGE = (1.0, 16.0)  # its initial rates A = exp(A_log), uniform
 
 
 def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
@@ -61,12 +57,7 @@ class GatedDeltaNet(QKVMixer):
         )
         f32_linear = lambda o: nnx.Linear(d_model, o, use_bias=False, param_dtype=param_dtype, rngs=rngs)
         self.beta_proj, self.a_proj = f32_linear(kv_heads), f32_linear(kv_heads)
-        low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
-        log_dt = jax.random.uniform(rngs.params(), (kv_heads,), minval=low, maxval=high)
-        dt = jnp.exp(log_dt)
-        self.dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype))  # softplus(dt_bias) = dt
-        A = jax.random.uniform(rngs.params(), (kv_heads,), minval=A_RANGE[0], maxval=A_RANGE[1])
-        self.A_log = nnx.Param(jnp.log(A).astype(param_dtype))
+        self.dt_bias, self.A_log = init_decay(rngs, kv_heads, param_dtype)  # Mamba2's decay
         self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
 
     def __call__(
@@ -107,7 +98,8 @@ class GatedDeltaNet(QKVMixer):
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
         """An empty state [batch, kv_heads, head_dim, head_dim] float32, last segment ids 0 [batch], the conv cache
         in `dtype` (None: float32): the same size at any max_len and step_tokens."""
-        return init_matrix_cache(self, batch, max_len, dtype)
+        dims = (self.kv_heads, self.head_dim, self.head_dim)
+        return init_matrix_cache(batch, max_len, dtype, state_dims=dims, conv=self.conv)
 
 
 def _build(config, *, rngs: nnx.Rngs) -> GatedDeltaNet:

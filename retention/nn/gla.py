@@ -89,7 +89,8 @@ class GatedLinearAttention(QKVMixer):
 
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
         """An empty state (`matrix_state.init_matrix_cache`): the same size at any max_len and step_tokens."""
-        return init_matrix_cache(self, batch, max_len, dtype)
+        dims = (self.kv_heads, self.head_dim, self.head_dim)
+        return init_matrix_cache(batch, max_len, dtype, state_dims=dims, conv=self.conv)
 
 
 def _build(config, *, rngs: nnx.Rngs) -> GatedLinearAttention:

@@ -1,5 +1,5 @@
-"""What the matrix-state mixers share (Gated DeltaNet, GLA): their decode cache, the dispatch between the full op
-and the step op through it, and its size for the registry.
+"""What the matrix-state mixers share (Gated DeltaNet, GLA, Mamba2): their decode cache, the dispatch between the
+full op and the step op through it, and its size for the registry.
 
 With a cache, the T tokens continue the sequence it holds through the step op; segment_ids None continues each
 row's document, and a step whose first token has an id other than the row's last one clears that row's state (as
@@ -40,16 +40,21 @@ def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_ca
     return o, MatrixStateCache(state, last_id, conv_cache)
 
 
-def init_matrix_cache(mixer, batch: int, max_len: int, dtype) -> MatrixStateCache:
-    """An empty state [batch, kv_heads, head_dim, head_dim] float32, last segment ids 0 [batch], the conv cache in
-    `dtype` (None: float32): the same size at any max_len."""
+def init_matrix_cache(batch: int, max_len: int, dtype, *, state_dims: tuple[int, int, int], conv) -> MatrixStateCache:
+    """An empty state [batch, *state_dims] (heads, d_k, d_v) float32, last segment ids 0 [batch], the cache of the
+    `conv` module (a QKVConv, or None) in `dtype` (None: float32): the same size at any max_len."""
     check_int("batch", batch)
     check_int("max_len", max_len)
-    state = init_matrix_state(batch, mixer.kv_heads, mixer.head_dim, mixer.head_dim)
-    conv = None if mixer.conv is None else mixer.conv.init_cache(batch, jnp.float32 if dtype is None else dtype)
+    state = init_matrix_state(batch, *state_dims)
+    conv = None if conv is None else conv.init_cache(batch, jnp.float32 if dtype is None else dtype)
     return MatrixStateCache(state, jnp.zeros((batch,), jnp.int32), conv)
 
 
+def state_bytes(batch: int, heads: int, d_k: int, d_v: int) -> int:
+    """Bytes of a MatrixStateCache without its conv cache: S in float32 and each row's last segment id."""
+    return batch * (4 * heads * d_k * d_v + 4)
+
+
 def matrix_cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
-    """S in float32 (4 d^2 per kv head), each row's last segment id, the conv cache."""
-    return batch * (4 * config.n_kv_heads * config.head_dim**2 + 4) + conv_cache_bytes(config, batch)
+    """A q/k/v mixer's cache: S in float32 (4 d^2 per kv head), each row's last segment id, the conv cache."""
+    return state_bytes(batch, config.n_kv_heads, config.head_dim, config.head_dim) + conv_cache_bytes(config, batch)

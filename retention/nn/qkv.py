@@ -40,12 +40,13 @@ def qkv_part_params(config) -> int:
     return conv_taps(config) + (2 * config.head_dim if config.qk_norm else 0)
 
 
-def conv_cache_bytes(config, batch: int) -> int:
-    """Bytes of the conv cache (QKVConvCache): the last conv_size - 1 inputs of q, k and v in the compute dtype and
-    their int32 segment ids, per row; 0 without a convolution."""
+def conv_cache_bytes(config, batch: int, channels: int | None = None) -> int:
+    """Bytes of the conv cache (QKVConvCache): the last conv_size - 1 inputs of the convolved channels (None: q, k
+    and v's) in the compute dtype and their int32 segment ids, per row; 0 without a convolution."""
     if not config.conv_size:
         return 0
-    channels = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+    if channels is None:
+        channels = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
     return batch * (config.conv_size - 1) * (channels * jnp.dtype(config.dtype).itemsize + 4)
 
 

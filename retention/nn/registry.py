@@ -5,6 +5,7 @@ op folder under retention/ops/, a mixer module here that defines its class and i
 from retention.nn.attention import FULL_ATTENTION, SLIDING_WINDOW
 from retention.nn.gated_deltanet import GATED_DELTANET
 from retention.nn.gla import GLA
+from retention.nn.mamba2 import MAMBA2
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.power_retention import POWER_RETENTION
 
@@ -14,4 +15,5 @@ MIXERS: dict[str, MixerKind] = {
     "W": SLIDING_WINDOW,
     "D": GATED_DELTANET,
     "G": GLA,
+    "M": MAMBA2,
 }

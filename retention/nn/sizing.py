@@ -2,6 +2,7 @@
 token, decode-cache bytes, and the width that hits a parameter budget."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -51,10 +52,14 @@ def decode_cache_bytes(config: LMConfig, batch: int, max_len: int, *, step_token
 
 
 def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
-    """`base` with d_model (a multiple of `multiple`; heads, head dim and layers kept) chosen so the parameter
-    count is as close as possible to `target_params`: sizes softmax, retention and hybrid models alike."""
+    """`base` with d_model (a multiple of `multiple`, and with M layers of what makes ssm_expand * d_model whole
+    heads in whole groups; heads, head dim and layers kept) chosen so the parameter count is as close as possible
+    to `target_params`: sizes softmax, retention and hybrid models alike."""
     check_int("target_params", target_params)
     check_int("multiple", multiple)
+    if "M" in base.pattern:
+        group_width = base.ssm_groups * base.head_dim
+        multiple = math.lcm(multiple, group_width // math.gcd(group_width, base.ssm_expand))
     with_width = lambda width: dataclasses.replace(base, d_model=width)
     lo, hi = 1, 2
     while count_params(with_width(hi * multiple)) < target_params:  # the count grows with d_model

@@ -1,5 +1,6 @@
 """What the matrix-state ops share (linear attention, gated linear attention, the gated delta rule): their state
-S [B, H, d_k, d_v] (float32), their argument checks, the per-token resets and log-gates, and the chunking.
+S [B, H, d_k, d_v] (float32), their public front (argument checks, chunk size, dispatch to the chunked path: `full_op`,
+`step_op`), the per-token resets and log-gates, and the chunking's start and end (`chunked_inputs`, `scan_state`).
 
 Per token t and kv-head (the reset contract of power retention, `power_retention/gates.py`):
 - reset_t (the state carried into t is cleared): t > 0 and segment_ids[b, t] != segment_ids[b, t-1], or (scalar
@@ -25,7 +26,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from retention.ops.power_retention.chunk_math import masked_exp
 from retention.ops.power_retention.gates import LOG_G_ZERO
-from retention.ops.power_retention.validation import check_chunk_size
+from retention.ops.power_retention.validation import check_chunk_size, default_chunk_size
 from retention.ops.segments import document_starts
 from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_int, concrete
@@ -59,6 +60,34 @@ def check_args(q, k, v, segment_ids, scale, chunk_size) -> float:
     check_scale(scale)
     check_chunk_size(chunk_size)
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
+
+
+def full_op(
+    chunked, preferred: int, check_gates, q, k, v, gates: tuple, *, segment_ids, scale, chunk_size, **state_options
+):
+    """A matrix-state op's full forward: the checks (`check_args`, `check_gates(k, *gates)`, initial_state), the
+    chunk (chunk_size, or the smallest of CHUNK_SIZES up to `preferred` that holds T), then
+    `chunked(q, k, v, *gates, initial_state, segment_ids=, scale=, chunk_size=)`. state_options: initial_state,
+    return_state. Returns o, or (o, the final state) with return_state."""
+    scale = check_args(q, k, v, segment_ids, scale, chunk_size)
+    check_gates(k, *gates)
+    B, T, _, d_k = q.shape
+    initial_state = state_options["initial_state"]
+    if initial_state is not None:
+        check_matrix_state(initial_state, B, k.shape[2], d_k, v.shape[-1], "initial_state")
+    c = chunk_size or default_chunk_size(T, preferred)
+    o, state = chunked(q, k, v, *gates, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=c)
+    return (o, state) if state_options["return_state"] else o
+
+
+def step_op(chunked, preferred: int, check_gates, state, q, k, v, gates: tuple, *, segment_ids, scale, chunk_size):
+    """A matrix-state op's decode step from `state`: the checks of `full_op` and the state's, the step's chunk
+    (`step_chunk`), then the chunked path from the state. Returns (o, the new state)."""
+    scale = check_args(q, k, v, segment_ids, scale, chunk_size)
+    check_gates(k, *gates)
+    check_matrix_state(state, q.shape[0], k.shape[2], q.shape[-1], v.shape[-1], "state")
+    c = step_chunk(q.shape[1], chunk_size, preferred)
+    return chunked(q, k, v, *gates, state, segment_ids=segment_ids, scale=scale, chunk_size=c)
 
 
 def check_beta(beta, k) -> None:
@@ -169,6 +198,39 @@ def poison_rows(y: Float[Array, "B N H g c e"], poisoned: Bool[Array, "B N H c"]
 def poison_state(S: Float[Array, "B H dk dv"], poisoned_BH: Bool[Array, "B H"]) -> Float[Array, "B H dk dv"]:
     """S with NaN where its chunk ended in a poisoned document."""
     return jnp.where(poisoned_BH[..., None, None], jnp.nan, S)
+
+
+class ChunkedInputs(NamedTuple):
+    """What every chunked path starts from: the token and chunk gates, q * scale as query chunks [B, N, H, g, c,
+    d_k], k and v (bad tokens zeroed) as chunks [B, N, H, c, d], all float32, and the initial state S0."""
+
+    tokens: TokenGates
+    gates: ChunkGates
+    q: Float[Array, "B N H g c dk"]
+    k: Float[Array, "B N H c dk"]
+    v: Float[Array, "B N H c dv"]
+    S0: Float[Array, "B H dk dv"]
+
+
+def chunked_inputs(q, k, v, log_g, segment_ids, initial_state, *, scale: float, c: int, **gate_options):
+    """The chunked paths' common start (`token_gates` with gate_options: beta, per_channel), S0 zeros when
+    initial_state is None."""
+    B, _, _, d_k = q.shape
+    H, d_v, f32 = k.shape[2], v.shape[-1], jnp.float32
+    tokens = token_gates(k, v, log_g, segment_ids, **gate_options)
+    k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
+    S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
+    return ChunkedInputs(tokens, chunk_gates(tokens, c), query_chunks(q.astype(f32) * scale, H, c), k_c, v_c, S0)
+
+
+def scan_state(body, S0, xs: tuple, intra: Float[Array, "B N H g c dv"], gates: ChunkGates, T: int, dtype):
+    """The chunked paths' common end: `body(S, x) -> (S, read)` scanned over the chunks of xs ([B, N, ...] each),
+    each chunk's reads added to `intra` in its rows before the chunk's first reset, the poisoned rows NaN; returns
+    (o [B, T, Hq, d_v] in `dtype`, the final state)."""
+    S, reads = scan_chunks(body, S0, tuple(map(chunk_major, xs)))
+    fresh = (gates.R == 0)[:, :, :, None, :, None]  # rows before the chunk's first reset read the state
+    y = poison_rows(intra + jnp.where(fresh, chunk_major(reads), 0.0), gates.poisoned)
+    return from_chunks(y, T).astype(dtype), S
 
 
 def step_chunk(n: int, chunk_size: int | None, preferred: int) -> int:

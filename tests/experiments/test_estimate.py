@@ -19,9 +19,10 @@ def test_fit_recovers_overhead_and_rate():
 
 
 def test_smoke_job_counts():
-    """smoke: 4 trained entries x 2 lrs, and 3 headline entries' second seed; tests: 3 headline x 2 seeds, the
-    ablation once, the quantized-cache entry at its base's 2 seeds."""
-    assert len(trained_jobs(SMOKE)) == 4 * 2 + 3 and eval_job_count(SMOKE) == 3 * 2 + 1 + 2
+    """smoke: 7 trained entries (3 of them the field's mixers on the frontier) x 2 lrs, and 3 headline entries'
+    second seed; tests: 3 headline x 2 seeds, the ablation and the 3 field mixers once, the quantized-cache entry at
+    its base's 2 seeds."""
+    assert len(trained_jobs(SMOKE)) == 7 * 2 + 3 and eval_job_count(SMOKE) == 3 * 2 + 1 + 3 + 2
 
 
 def made_up_run(folder, steps: int, batch: int, seq_len: int, cpu_s: float) -> None:
@@ -43,11 +44,11 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
     out = estimate(SMOKE, [tmp_path], "cpu_s")
     tokens = 3 * 4 * 64  # smoke's mqar: 3 steps of 4 x 64 tokens
     assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
-    assert out["train_s"] == pytest.approx(11 * (2.0 + tokens / 1280))
-    assert out["test_s"] == pytest.approx(9 * 30.0) and out["speed_s"] is None
+    assert out["train_s"] == pytest.approx(17 * (2.0 + tokens / 1280))
+    assert out["test_s"] == pytest.approx(12 * 30.0) and out["speed_s"] is None
     assert out["total_s"] == pytest.approx(out["train_s"] + out["test_s"])
     made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
-    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(11 * 7.0)
+    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(17 * 7.0)
 
 
 def test_estimate_from_the_committed_quality_json(tmp_path):

@@ -105,10 +105,10 @@ TINY_TASK = Task(
 )
 TINY = dataclasses.replace(
     SMOKE,
-    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4")},
+    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4", "mamba2")},
     headline=("softmax", "power"),
     ablations=(),
-    frontier=("softmax_kv4",),
+    frontier=("softmax_kv4", "mamba2"),  # a registry mixer beside power on the frontier
     tasks={"mqar": TINY_TASK},
     long_eval_skip={"softmax": "time on this machine"},
 )
@@ -171,3 +171,4 @@ def test_collect_and_report(tiny, tmp_path):
     text = (tmp_path / "REPORT.md").read_text()
     assert "| softmax (AA) |" in text and "not run: time on this machine" in text
     assert "## The frontier: mqar accuracy against decode-state bytes at T=64" in text
+    assert "| mamba2 (MM) |" in text

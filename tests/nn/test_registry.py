@@ -16,7 +16,7 @@ VARIANTS = [
     {},
     dict(conv_size=4, qk_norm=True, dtype="bfloat16"),
     dict(conv_size=2, gating=False, deg=4, kv_cache_bits=8),
-    dict(kv_cache_bits=4, head_dim=8, n_kv_heads=4),
+    dict(kv_cache_bits=4, head_dim=8, n_kv_heads=4, ssm_state_size=5, ssm_groups=3, ssm_expand=4, conv_size=3),
 ]
 
 

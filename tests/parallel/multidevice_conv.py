@@ -1,6 +1,7 @@
 """The short convolution's context-parallel halo on 8 host devices (run by test_eight_devices.py): with the tokens
 split over the "sequence" axis, the convolution (with and without segment ids, its gradients) and a whole LM with
-`conv_size` 4 (P, A and W layers, the train step's forward) equal one device; too few tokens per device raise."""
+`conv_size` 4 (P, A and W layers, the train step's forward) equal one device; the matrix-state mixers (D, G, M)
+under a data and FSDP mesh equal one device; too few tokens per device raise."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,7 @@ from flax import nnx
 
 from retention.nn import LM, LMConfig
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
-from retention.parallel import make_mesh
+from retention.parallel import batch_sharding, make_mesh, put_batch, state_shardings
 from tests.helpers import rel_err
 from tests.parallel.common import require_devices
 
@@ -67,6 +68,36 @@ def test_lm_with_conv_equals_one_device():
     assert rel_err(cp_logits, one_logits) < 1e-5
     for a, b in zip(jax.tree.leaves(cp_grads), jax.tree.leaves(one_grads)):
         assert rel_err(a, b) < 1e-4
+
+
+def test_matrix_state_mixers_on_a_data_and_fsdp_mesh_equal_one_device():
+    """D, G and M layers (with the short convolution) under a (data, fsdp) = (2, 4) mesh, parameters FSDP-sharded
+    and the batch's rows split over both axes: the logits equal the single-device forward (these mixers have no
+    context-parallel form; the sequence stays whole)."""
+    config = LMConfig(
+        vocab_size=37,
+        d_model=32,
+        n_layers=3,
+        pattern="DGM",
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        chunk_size=16,
+        conv_size=4,
+        ssm_state_size=6,
+        ssm_groups=2,
+    )
+    model = LM(config, rngs=nnx.Rngs(SEED))
+    tokens = jax.random.randint(jax.random.key(SEED), (8, 40), 0, config.vocab_size, dtype=jnp.int32)
+    forward = lambda graphdef, state, t: nnx.merge(graphdef, state)(t)
+    graphdef, state = nnx.split(model)
+    one = jax.jit(forward, static_argnums=0)(graphdef, state, tokens)
+    mesh = make_mesh(2, 4, 1)
+    sharded = jax.device_put(state, state_shardings(state, mesh))
+    assert any("fsdp" in x.sharding.spec for x in jax.tree.leaves(sharded))
+    with jax.set_mesh(mesh):
+        logits = jax.jit(forward, static_argnums=0)(graphdef, sharded, put_batch(tokens, batch_sharding(mesh)))
+    assert rel_err(logits, one) < 1e-5
 
 
 def test_too_few_tokens_per_device():

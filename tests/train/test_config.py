@@ -32,15 +32,24 @@ def test_presets_have_equal_parameter_counts():
 
 
 def test_matrix_state_presets_are_sized_like_the_others():
-    """The Gated DeltaNet, GLA and DDDA hybrid presets build their patterns at the shared target_params, at the
-    width (a multiple of 8) whose count is nearest to it: d_model 8 narrower or wider is farther (a step is about 8%
-    of these models' parameters, so they are within 4.5% of the target, not the 3% the others happen to share)."""
-    for preset, pattern in {"gated_deltanet": "D", "gla": "G", "gated_deltanet_hybrid": "DDDA"}.items():
+    """The Gated DeltaNet, GLA, Mamba2 and hybrid (DDDA, MMMA) presets build their patterns at the shared
+    target_params, at the width (a multiple of 8; of 16 with M layers, whose 2 d_model make whole heads of 32) whose
+    count is nearest to it: one step narrower or wider is farther (a step is about 8% of these models' parameters,
+    so they are within 4.5% of the target, not the 3% the others happen to share)."""
+    presets = {
+        "gated_deltanet": "D",
+        "gla": "G",
+        "gated_deltanet_hybrid": "DDDA",
+        "mamba2": "M",
+        "mamba2_hybrid": "MMMA",
+    }
+    for preset, pattern in presets.items():
         cfg = compose_config([f"model={preset}"])
         lm, _ = build(cfg)
         assert lm.layer_kinds.startswith(pattern)
         target = cfg.model.target_params
-        widths = (lm.d_model - 8, lm.d_model, lm.d_model + 8)
+        step = 16 if "M" in pattern else 8
+        widths = (lm.d_model - step, lm.d_model, lm.d_model + step)
         off = {w: abs(count_params(dataclasses.replace(lm, d_model=w)) - target) for w in widths}
         assert off[lm.d_model] == min(off.values()) < 0.045 * target, (preset, off)
 

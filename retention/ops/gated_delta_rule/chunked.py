@@ -20,17 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from retention.ops.matrix_state import (
-    chunk_gates,
-    chunk_major,
-    from_chunks,
-    poison_rows,
-    poison_state,
-    query_chunks,
-    scan_chunks,
-    to_chunks,
-    token_gates,
-)
+from retention.ops.matrix_state import chunked_inputs, poison_state, scan_state, to_chunks
 from retention.ops.power_retention.chunk_math import causal_decay, decay_state, gate_factors
 
 
@@ -48,13 +38,9 @@ def gated_delta_rule_chunked(
 ) -> tuple[Float[Array, "B T Hq dv"], Float[Array, "B H dk dv"]]:
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size`, float32 throughout. Inputs are assumed validated (see `gated_delta_rule`)."""
-    B, T, _, d_k = q.shape
-    H, d_v, c = k.shape[2], v.shape[-1], chunk_size
-    f32 = jnp.float32
-    tokens = token_gates(k, v, log_g, segment_ids, beta=beta)
-    gates = chunk_gates(tokens, c)
-    q_c = query_chunks(q.astype(f32) * scale, H, c)  # [B, N, H, g, c, dk]
-    k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
+    d_v, c = v.shape[-1], chunk_size
+    options = dict(scale=scale, c=c, beta=beta)
+    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(q, k, v, log_g, segment_ids, initial_state, **options)
     beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]
     fq, fk, decay = gate_factors(gates.F, gates.R, 1)
     D = causal_decay(gates.F, gates.R)  # [B, N, H, c, c]
@@ -77,10 +63,6 @@ def gated_delta_rule_chunked(
         S = decay_state(decay_BH, S) + KU_BHde - carried
         return poison_state(S, poisoned_BH), read
 
-    S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
     continues = gates.R[..., -1] == 0  # the chunk's last document started before it: S's terms enter S'
     xs = (q_c * fq[:, :, :, None, :, None], A, W, k_out, KU, decay, continues, gates.poisoned[..., -1])
-    S, reads = scan_chunks(body, S0, tuple(map(chunk_major, xs)))
-    fresh = (gates.R == 0)[:, :, :, None, :, None]  # rows before the chunk's first reset read the state
-    y = poison_rows(AU + jnp.where(fresh, chunk_major(reads), 0.0), gates.poisoned)
-    return from_chunks(y, T).astype(v.dtype), S
+    return scan_state(body, S0, xs, AU, gates, q.shape[1], v.dtype)

@@ -17,17 +17,7 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
-from retention.ops.matrix_state import (
-    chunk_gates,
-    chunk_major,
-    from_chunks,
-    poison_rows,
-    poison_state,
-    query_chunks,
-    scan_chunks,
-    to_chunks,
-    token_gates,
-)
+from retention.ops.matrix_state import chunk_major, chunked_inputs, poison_state, scan_state
 from retention.ops.power_retention.chunk_math import decay_state, masked_exp
 
 SUB_CHUNK = 16
@@ -85,15 +75,9 @@ def gated_linear_attention_chunked(
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size` (a multiple of SUB_CHUNK, or at most SUB_CHUNK), float32 throughout. Inputs are assumed
     validated (see `gated_linear_attention`)."""
-    B, T, _, d_k = q.shape
-    H, d_v, c = k.shape[2], v.shape[-1], chunk_size
-    s = min(SUB_CHUNK, c)
-    f32 = jnp.float32
-    tokens = token_gates(k, v, log_g, segment_ids, per_channel=True)
-    gates = chunk_gates(tokens, c)  # F [B, N, H, c, dk]
-    q_c = query_chunks(q.astype(f32) * scale, H, c)
-    k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
-    intra = _intra_chunks(*map(chunk_major, (q_c, k_c, v_c, gates.F, gates.R)), s)
+    options = dict(scale=scale, c=chunk_size, per_channel=True)
+    _, gates, q_c, k_c, v_c, S0 = chunked_inputs(q, k, v, log_g, segment_ids, initial_state, **options)  # F [..., dk]
+    intra = _intra_chunks(*map(chunk_major, (q_c, k_c, v_c, gates.F, gates.R)), min(SUB_CHUNK, chunk_size))
 
     F, R = gates.F, gates.R[..., None]
     F_end, R_end = F[..., -1:, :], R[..., -1:, :]
@@ -107,9 +91,5 @@ def gated_linear_attention_chunked(
         S = decay_state(decay_BHd, S) + jnp.einsum("bhcd,bhce->bhde", k_BHcd, v_BHce)
         return poison_state(S, poisoned_BH), read
 
-    S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
     xs = (q_c * fq[:, :, :, None], k_c * fk, v_c, decay, gates.poisoned[..., -1])
-    S, reads = scan_chunks(body, S0, tuple(map(chunk_major, xs)))
-    fresh = (gates.R == 0)[:, :, :, None, :, None]
-    y = poison_rows(chunk_major(intra) + jnp.where(fresh, chunk_major(reads), 0.0), gates.poisoned)
-    return from_chunks(y, T).astype(v.dtype), S
+    return scan_state(body, S0, xs, chunk_major(intra), gates, q.shape[1], v.dtype)

@@ -13,17 +13,7 @@ the state runs as a rematerialised `lax.scan` over chunks (the backward keeps on
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from retention.ops.matrix_state import (
-    chunk_gates,
-    chunk_major,
-    from_chunks,
-    poison_rows,
-    poison_state,
-    query_chunks,
-    scan_chunks,
-    to_chunks,
-    token_gates,
-)
+from retention.ops.matrix_state import chunked_inputs, poison_state, scan_state
 from retention.ops.power_retention.chunk_math import causal_decay, decay_state, gate_factors
 
 
@@ -40,13 +30,7 @@ def linear_attention_chunked(
 ) -> tuple[Float[Array, "B T Hq dv"], Float[Array, "B H dk dv"]]:
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size`, float32 throughout. Inputs are assumed validated (see `linear_attention`)."""
-    B, T, _, d_k = q.shape
-    H, d_v, c = k.shape[2], v.shape[-1], chunk_size
-    f32 = jnp.float32
-    tokens = token_gates(k, v, log_g, segment_ids)
-    gates = chunk_gates(tokens, c)
-    q_c = query_chunks(q.astype(f32) * scale, H, c)  # [B, N, H, g, c, dk]
-    k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
+    _, gates, q_c, k_c, v_c, S0 = chunked_inputs(q, k, v, log_g, segment_ids, initial_state, scale=scale, c=chunk_size)
 
     scores = jnp.einsum("bnhgid,bnhjd->bnhgij", q_c, k_c) * causal_decay(gates.F, gates.R)[:, :, :, None]
     intra = jnp.einsum("bnhgij,bnhje->bnhgie", scores, v_c)
@@ -59,9 +43,5 @@ def linear_attention_chunked(
         S = decay_state(decay_BH, S) + jnp.einsum("bhcd,bhce->bhde", k_BHcd, v_BHce)
         return poison_state(S, poisoned_BH), read
 
-    S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
     xs = (q_c * fq[:, :, :, None, :, None], k_c * fk[..., None], v_c, decay, gates.poisoned[..., -1])
-    S, reads = scan_chunks(body, S0, tuple(map(chunk_major, xs)))
-    fresh = (gates.R == 0)[:, :, :, None, :, None]  # rows before the chunk's first reset read the state
-    y = poison_rows(intra + jnp.where(fresh, chunk_major(reads), 0.0), gates.poisoned)
-    return from_chunks(y, T).astype(v.dtype), S
+    return scan_state(body, S0, xs, intra, gates, q.shape[1], v.dtype)

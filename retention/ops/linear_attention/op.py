@@ -3,10 +3,14 @@
 from jaxtyping import Array, Float, Int
 
 from retention.ops.linear_attention.chunked import linear_attention_chunked
-from retention.ops.matrix_state import check_args, check_matrix_state, step_chunk
-from retention.ops.power_retention.validation import check_log_g, default_chunk_size
+from retention.ops.matrix_state import full_op, step_op
+from retention.ops.power_retention.validation import check_log_g
 
 PREFERRED_CHUNK = 128
+
+
+def _check_gates(k, log_g) -> None:
+    check_log_g(log_g, k)
 
 
 def linear_attention(
@@ -31,15 +35,19 @@ def linear_attention(
     with `return_state`. A NaN or inf in q, k or v, or a NaN gate, gives NaN in that row and the later rows of
     its document.
     """
-    scale = check_args(q, k, v, segment_ids, scale, chunk_size)
-    check_log_g(log_g, k)
-    B, T, _, d_k = q.shape
-    if initial_state is not None:
-        check_matrix_state(initial_state, B, k.shape[2], d_k, v.shape[-1], "initial_state")
-    c = chunk_size or default_chunk_size(T, PREFERRED_CHUNK)
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=c)
-    o, state = linear_attention_chunked(q, k, v, log_g, initial_state, **options)
-    return (o, state) if return_state else o
+    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
+    return full_op(
+        linear_attention_chunked,
+        PREFERRED_CHUNK,
+        _check_gates,
+        q,
+        k,
+        v,
+        (log_g,),
+        **options,
+        initial_state=initial_state,
+        return_state=return_state,
+    )
 
 
 def linear_attention_step(
@@ -56,8 +64,5 @@ def linear_attention_step(
     """n >= 1 new tokens continuing `state`: row i of o equals row t0 + i of the full forward. Returns (o in v's
     dtype, the new state). Up to 16 tokens form one chunk against the state; more run in chunks (`step_chunk`).
     segment_ids [B, n] resets where the id changes inside the step; token 0 continues the state's document."""
-    scale = check_args(q, k, v, segment_ids, scale, chunk_size)
-    check_log_g(log_g, k)
-    check_matrix_state(state, q.shape[0], k.shape[2], q.shape[-1], v.shape[-1], "state")
-    c = step_chunk(q.shape[1], chunk_size, PREFERRED_CHUNK)
-    return linear_attention_chunked(q, k, v, log_g, state, segment_ids=segment_ids, scale=scale, chunk_size=c)
+    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
+    return step_op(linear_attention_chunked, PREFERRED_CHUNK, _check_gates, state, q, k, v, (log_g,), **options)

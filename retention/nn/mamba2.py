@@ -1,0 +1,211 @@
+"""The Mamba2 mixer (layer letter M; Dao and Gu 2024, "Transformers are SSMs") and its registry entry.
+
+As the paper builds it, with d_inner = expand * d_model in heads of head_dim P (H = d_inner / P) and n_groups
+groups of B and C (state size N each, shared by the H / n_groups heads of a group):
+- one input projection of x [B, T, D] to z (d_inner, the gate), x (d_inner), B and C (n_groups * N each), dt (H);
+- a causal depthwise convolution of `conv_size` taps (with a bias) over x, B and C (0: none), then SiLU;
+- dt = softplus(dt + dt_bias) per head (dt_bias set so dt starts log-uniform in DT_RANGE), A = -exp(A_log) per
+  head (A_log = log of uniform in A_RANGE);
+- the SSD recurrence per head, S_t = exp(dt_t A) S_{t-1} + B_t (dt_t x_t)^T, y_t = S_t^T C_t, which is
+  `retention.ops.linear_attention` with log_g = dt A, keys B, queries C, values dt x and scale 1;
+- y + D x (a skip per head), the gated RMSNorm norm(y * SiLU(z)) over each group's d_inner / n_groups channels,
+  the output projection.
+
+`__call__`, `prefill` and the cache (MatrixStateCache: S [B, H, N, P] float32, each row's last segment id, the
+conv cache of x, B and C) as the Gated DeltaNet mixer's (`matrix_state.py`).
+"""
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from retention.nn.conv import QKVConv, check_conv_size
+from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, run_mixing, state_bytes
+from retention.nn.mixer_kind import MixerKind
+from retention.nn.qkv import conv_cache_bytes
+from retention.ops import check_chunk_size, linear_attention, linear_attention_step
+from retention.ops.linear_attention.op import PREFERRED_CHUNK
+from retention.ops.power_retention.validation import default_chunk_size
+from retention.validation import check_int
+
+DT_RANGE = (1e-3, 1e-1)  # the initial step sizes dt, log-uniform
+A_RANGE = (1.0, 16.0)  # the initial rates A = exp(A_log), uniform
+NORM_EPS = 1e-5
+
+
+def init_decay(rngs: nnx.Rngs, heads: int, param_dtype) -> tuple[nnx.Param, nnx.Param]:
+    """Mamba2's decay parameters per head: dt_bias with softplus(dt_bias) log-uniform in DT_RANGE, and A_log the
+    log of a uniform draw in A_RANGE."""
+    low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
+    dt = jnp.exp(jax.random.uniform(rngs.params(), (heads,), minval=low, maxval=high))
+    dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype))  # the inverse of softplus
+    A = jax.random.uniform(rngs.params(), (heads,), minval=A_RANGE[0], maxval=A_RANGE[1])
+    return dt_bias, nnx.Param(jnp.log(A).astype(param_dtype))
+
+
+def check_mamba2_dims(d_model: int, head_dim: int, state_size: int, expand: int, n_groups: int, *, names) -> int:
+    """The Mamba2 sizes are positive ints, expand * d_model is a whole number of heads of head_dim and the heads
+    split evenly into n_groups; `names` are the arguments' names for the errors. Returns the number of heads."""
+    values = (d_model, head_dim, state_size, expand, n_groups)
+    for name, value in zip(names, values):
+        check_int(name, value)
+    d, p, _, e, g = names
+    if (expand * d_model) % head_dim:
+        raise ValueError(
+            f"{e} * {d} must be a multiple of {p} (whole heads), got {e}={expand}, {d}={d_model}, {p}={head_dim}"
+        )
+    heads = expand * d_model // head_dim
+    if heads % n_groups:
+        raise ValueError(f"{g} must divide the {heads} heads ({e} * {d} / {p}), got {g}={n_groups}")
+    return heads
+
+
+class Mamba2(nnx.Module):
+    """The Mamba2 mixer (module docstring): H = expand * d_model / head_dim heads, n_groups groups of B and C of
+    state_size each, conv_size taps of short convolution (0: none)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        head_dim: int,
+        state_size: int,
+        expand: int = 2,
+        n_groups: int = 1,
+        conv_size: int = 0,
+        chunk_size: int | None = None,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        names = ("d_model", "head_dim", "state_size", "expand", "n_groups")
+        self.heads = check_mamba2_dims(d_model, head_dim, state_size, expand, n_groups, names=names)
+        check_conv_size("conv_size", conv_size)
+        check_chunk_size(chunk_size)
+        self.head_dim, self.state_size, self.n_groups, self.chunk_size = head_dim, state_size, n_groups, chunk_size
+        self.d_inner = expand * d_model
+        bc = n_groups * state_size
+        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.in_proj = linear(d_model, 2 * self.d_inner + 2 * bc + self.heads)
+        self.conv = QKVConv(self.d_inner, bc, conv_size, param_dtype=param_dtype, rngs=rngs) if conv_size else None
+        if conv_size:
+            bound = conv_size**-0.5  # PyTorch's Conv1d bias for a depthwise filter
+            shape = (self.d_inner + 2 * bc,)
+            self.conv_bias = nnx.Param(jax.random.uniform(rngs.params(), shape, param_dtype, -bound, bound))
+        self.dt_bias, self.A_log = init_decay(rngs, self.heads, param_dtype)
+        self.D = nnx.Param(jnp.ones((self.heads,), param_dtype))
+        self.norm = nnx.RMSNorm(
+            self.d_inner // n_groups, epsilon=NORM_EPS, use_scale=False, dtype=jnp.float32, rngs=rngs
+        )
+        self.norm_scale = nnx.Param(jnp.ones((self.d_inner,), param_dtype))
+        self.out_proj = linear(self.d_inner, d_model)
+
+    def __call__(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: MatrixStateCache | None = None,
+    ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
+        """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
+        begin from an empty state). positions are unused (the recurrence orders the tokens). Returns (y [B, T, D],
+        the new cache or None)."""
+        B, T, _ = x_BTD.shape
+        H, P, G, N = self.heads, self.head_dim, self.n_groups, self.state_size
+        decode = cache is not None
+        bc = G * N
+        cuts = [self.d_inner, 2 * self.d_inner, 2 * self.d_inner + bc, 2 * self.d_inner + 2 * bc]
+        z, xs, Bs, Cs, dt = jnp.split(self.in_proj(x_BTD), cuts, axis=-1)
+        conv_cache = cache.conv if decode else None
+        if self.conv is not None:
+            xs, Bs, Cs, conv_cache = self.conv(xs, Bs, Cs, segment_ids_BT=segment_ids, cache=conv_cache)
+            bias = jnp.split(self.conv_bias[...].astype(xs.dtype), cuts[:1] + [self.d_inner + bc], axis=-1)
+            xs, Bs, Cs = (a + b for a, b in zip((xs, Bs, Cs), bias))
+        x_BTHP = jax.nn.silu(xs).reshape(B, T, H, P).astype(jnp.float32)
+        per_head = lambda m: jnp.repeat(jax.nn.silu(m).reshape(B, T, G, N), H // G, axis=2)  # head h: group h // (H/G)
+        dt_BTH = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])
+        log_g = dt_BTH * -jnp.exp(self.A_log[...].astype(jnp.float32))
+        y, cache = run_mixing(
+            "Mamba2",
+            partial(linear_attention, scale=1.0),
+            partial(linear_attention_step, scale=1.0),
+            (per_head(Cs), per_head(Bs), x_BTHP * dt_BTH[..., None], log_g),
+            cache=cache,
+            conv_cache=conv_cache,
+            segment_ids=segment_ids,
+            chunk_size=self.chunk_size,
+        )
+        y = y + self.D[...].astype(jnp.float32)[:, None] * x_BTHP
+        gated = (y.reshape(B, T, self.d_inner) * jax.nn.silu(z.astype(jnp.float32))).reshape(B, T, G, -1)
+        y = self.norm(gated).reshape(B, T, self.d_inner) * self.norm_scale[...].astype(jnp.float32)
+        return self.out_proj(y.astype(x_BTD.dtype)), cache
+
+    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
+        """A prompt into a fresh cache: the same as a call with the cache."""
+        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
+        """An empty state [batch, H, state_size, head_dim] float32, last segment ids 0 [batch], the conv cache of
+        x, B and C in `dtype` (None: float32): the same size at any max_len and step_tokens."""
+        dims = (self.heads, self.state_size, self.head_dim)
+        return init_matrix_cache(batch, max_len, dtype, state_dims=dims, conv=self.conv)
+
+
+def _build(config, *, rngs: nnx.Rngs) -> Mamba2:
+    return Mamba2(
+        config.d_model,
+        head_dim=config.head_dim,
+        state_size=config.ssm_state_size,
+        expand=config.ssm_expand,
+        n_groups=config.ssm_groups,
+        conv_size=config.conv_size,
+        chunk_size=config.chunk_size,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        rngs=rngs,
+    )
+
+
+def _sizes(config) -> tuple[int, int, int]:
+    """(d_inner, heads, b_and_c: the channels of B and C together)."""
+    d_inner = config.ssm_expand * config.d_model
+    return d_inner, d_inner // config.head_dim, 2 * config.ssm_groups * config.ssm_state_size
+
+
+def _matmul_params(config) -> int:
+    """The input projection (z, x, B, C, dt) and the output projection."""
+    d_inner, H, b_and_c = _sizes(config)
+    return config.d_model * (2 * d_inner + b_and_c + H) + d_inner * config.d_model
+
+
+def _params(config) -> int:
+    """The projections, the convolution's taps and bias over x, B and C, dt_bias, A_log and D per head, the
+    norm's scale."""
+    d_inner, H, b_and_c = _sizes(config)
+    conv = (config.conv_size + 1) * (d_inner + b_and_c) if config.conv_size else 0
+    return _matmul_params(config) + conv + 3 * H + d_inner
+
+
+def _mixing_flops(config, T: int) -> float:
+    """Per token and head (state N x P): the state write and read 2 N P each; inside the chunk 2 c N for the
+    scores C.B and 2 c P for their product with the values; 2 per convolution tap."""
+    d_inner, H, b_and_c = _sizes(config)
+    N, P = config.ssm_state_size, config.head_dim
+    c = config.chunk_size or default_chunk_size(T, PREFERRED_CHUNK)
+    return H * (4 * N * P + 2 * c * (N + P)) + 2 * config.conv_size * (d_inner + b_and_c)
+
+
+def _cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
+    """S [H, N, P] in float32 and each row's last segment id, the conv cache of x, B and C."""
+    d_inner, H, b_and_c = _sizes(config)
+    return state_bytes(batch, H, config.ssm_state_size, config.head_dim) + conv_cache_bytes(
+        config, batch, d_inner + b_and_c
+    )
+
+
+MAMBA2 = MixerKind("Mamba2", _build, _params, _matmul_params, _mixing_flops, _cache_bytes, fixed_state=True)
