@@ -99,7 +99,7 @@ class LM(nnx.Module):
         caches=None,
         prefill: bool = False,
     ) -> tuple[Float[Array, "B T V"], tuple | None]:
-        """Blocks, final norm and head from input embeddings; `caches` (one per layer) and segment_ids as in the
+        """Blocks, final norm and head from input embeddings; `caches` (LMCache.layers) and segment_ids as in the
         mixers, positions [T] or [B, T] (RoPE's)."""
         if self.config.scan_layers:
             options = dict(positions=positions, segment_ids=segment_ids, caches=caches, prefill=prefill)
