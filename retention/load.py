@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from retention.nn import LM, LMConfig
+from retention.nn.model import convert_layers
 from retention.parallel import state_shardings
 from retention.train.checkpoint import Checkpoints
 from retention.train.checksum import mismatched
@@ -146,12 +147,23 @@ def read_run(run_dir: str, step: int | None = None, *, mesh: Mesh | None = None)
     return _from_checkpoints(run_dir, step, mesh)
 
 
-def load_run(run_dir: str, step: int | None = None, *, mesh: Mesh | None = None) -> tuple[LM, Config]:
+def load_run(
+    run_dir: str, step: int | None = None, *, mesh: Mesh | None = None, scan_layers: bool | None = None
+) -> tuple[LM, Config]:
     """(the trained LM, the run's Config) from a train.py run folder or an export (`python -m retention.export`).
 
     Only the parameters are read (not the optimizer state), each checked against its checkpoint checksum; they
     are placed on the default device, or FSDP-sharded over `mesh` (default: the mesh of jax.set_mesh, if set).
     `step`: a checkpoint's step; None takes the newest intact one (a damaged one is skipped with a warning).
+    `scan_layers`: None keeps the form the run trained; True or False converts the parameters to the scanned or
+    unscanned form (`retention.nn.model.convert_layers`); the model's config says which, the Config the run's.
     """
     loaded = read_run(run_dir, step, mesh=mesh)
-    return loaded.model, config_from_dict(loaded.record["config"])
+    model = loaded.model
+    if scan_layers is not None and scan_layers != model.config.scan_layers:
+        model = convert_layers(model, scan_layers)
+        mesh = mesh if mesh is not None else jax.sharding.get_mesh()
+        if not mesh.empty:
+            params = nnx.state(model)
+            nnx.update(model, jax.device_put(params, state_shardings(params, mesh)))
+    return model, config_from_dict(loaded.record["config"])

@@ -8,6 +8,8 @@ from retention.nn.layers import check_heads, check_rope_base
 from retention.nn.mamba2 import check_mamba2_dims
 from retention.nn.power_retention import GATE_BIAS_INIT
 from retention.nn.registry import MIXERS
+from retention.nn.remat import check_remat_policy
+from retention.nn.scan import check_scannable
 from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg
 from retention.ops.attention import KV_CACHE_BITS
 from retention.validation import check_choice, check_int, check_number
@@ -57,6 +59,8 @@ class LMConfig:
     retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
     attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
     kv_cache_bits: int | None = None  # the A and W layers' decode cache: float (None) or quantized (8, 4 bits)
+    scan_layers: bool = False  # stack the blocks by the pattern's period and run them with nnx.scan (scan.py)
+    remat_policy: str = "none"  # nnx.remat per block: none, full, save_projections, offload (remat.py)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "window"):
@@ -80,6 +84,11 @@ class LMConfig:
         check_choice("retention_impl", self.retention_impl, RETENTION_IMPLS)
         check_choice("attention_impl", self.attention_impl, ATTENTION_IMPLS)
         check_choice("kv_cache_bits", self.kv_cache_bits, (None, *KV_CACHE_BITS))
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers must be a bool (True or False), got {self.scan_layers!r}")
+        if self.scan_layers:
+            check_scannable(self.pattern, self.n_layers)
+        check_remat_policy(self.remat_policy)
 
     @property
     def layer_kinds(self) -> str:

@@ -11,8 +11,11 @@ Packed documents: `segment_ids` [B, T] (every entry point takes them) keep docum
 RoPE positions restart at 0 at each document (`layers.document_positions`); LMCache records each row's last
 segment id and next position, so a decode step continues a document (segment_ids None, or the same id) or starts
 one (a new id), and prefill of a packed prompt then decode equals the documents run one by one.
+`config.scan_layers` stacks the blocks by the pattern's period and runs them with `nnx.scan` (scan.py; the caches
+are stacked the same way); `config.remat_policy` runs each block under `nnx.remat` (remat.py), scanned or not.
 """
 
+import dataclasses
 from functools import partial
 from typing import NamedTuple
 
@@ -24,14 +27,17 @@ from jaxtyping import Array, Float, Int
 from retention.nn.config import LMConfig
 from retention.nn.layers import SwiGLU, document_positions
 from retention.nn.registry import MIXERS
+from retention.nn.remat import block_runner, checkpoint_policy
+from retention.nn.scan import run_scanned, scan_state, stacked_caches, stacked_periods, unscan_state
 from retention.nn.sizing import flops_per_token
 from retention.ops.validation import check_segment_ids
 from retention.validation import check_at_runtime, check_int, concrete
 
 
 class LMCache(NamedTuple):
-    """Per-layer mixer caches (each layer's mixer's: RetentionCache for P, AttentionCache for A and W), the tokens
-    seen so far, and per row the segment id of the last token and the RoPE position of the next one."""
+    """Per-layer mixer caches (each layer's mixer's: RetentionCache for P, AttentionCache for A and W; scanned, one
+    per letter of the period with a leading axis over the repeats), the tokens seen so far, and per row the segment
+    id of the last token and the RoPE position of the next one."""
 
     layers: tuple
     length: Int[Array, ""]
@@ -69,7 +75,12 @@ class LM(nnx.Module):
         self.config = config
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
         self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.blocks = nnx.List([Block(config, kind, rngs=rngs) for kind in config.layer_kinds])
+        if config.remat_policy != "none":
+            checkpoint_policy(config.remat_policy)  # "offload" is refused here on a platform without host offload
+        if config.scan_layers:
+            self.periods = stacked_periods(config, Block, rngs=rngs)
+        else:
+            self.blocks = nnx.List([Block(config, kind, rngs=rngs) for kind in config.layer_kinds])
         self.final_norm = nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.head = (
             None
@@ -88,17 +99,23 @@ class LM(nnx.Module):
         caches=None,
         prefill: bool = False,
     ) -> tuple[Float[Array, "B T V"], tuple | None]:
-        """Blocks, final norm and head from input embeddings; `caches` (one per layer) and segment_ids as in the
+        """Blocks, final norm and head from input embeddings; `caches` (LMCache.layers) and segment_ids as in the
         mixers, positions [T] or [B, T] (RoPE's)."""
-        layer_caches = (None,) * len(self.blocks) if caches is None else caches
-        new_caches = []
-        for i, (block, cache) in enumerate(zip(self.blocks, layer_caches)):
-            with jax.named_scope(f"layer{i}"):
-                x_BTD, cache = block(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, prefill=prefill)
-            new_caches.append(cache)
+        if self.config.scan_layers:
+            options = dict(positions=positions, segment_ids=segment_ids, caches=caches, prefill=prefill)
+            x_BTD, new_caches = run_scanned(self.periods, x_BTD, **options, remat_policy=self.config.remat_policy)
+        else:
+            run = block_runner(self.config.remat_policy, scanned=False)
+            layer_caches = (None,) * len(self.blocks) if caches is None else caches
+            new_caches = []
+            for i, (block, cache) in enumerate(zip(self.blocks, layer_caches)):
+                with jax.named_scope(f"layer{i}"):
+                    x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, prefill)
+                new_caches.append(cache)
+            new_caches = None if caches is None else tuple(new_caches)
         x_BTD = self.final_norm(x_BTD)
         logits = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
-        return logits.astype(jnp.float32), None if caches is None else tuple(new_caches)
+        return logits.astype(jnp.float32), new_caches
 
     def __call__(
         self, tokens_BT: Int[Array, "B T"], *, segment_ids: Int[Array, "B T"] | None = None, debug_checks=False
@@ -116,7 +133,10 @@ class LM(nnx.Module):
     def init_caches(self, batch: int, max_len: int, *, step_tokens: int = 1) -> LMCache:
         """Empty caches for sequences of up to max_len tokens decoded in steps of up to step_tokens tokens."""
         dtype = jnp.dtype(self.config.dtype)
-        layers = tuple(b.mixer.init_cache(batch, max_len, dtype, step_tokens=step_tokens) for b in self.blocks)
+        if self.config.scan_layers:
+            layers = stacked_caches(self.config, Block, batch, max_len, dtype, step_tokens=step_tokens)
+        else:
+            layers = tuple(b.mixer.init_cache(batch, max_len, dtype, step_tokens=step_tokens) for b in self.blocks)
         zeros = jnp.zeros((batch,), jnp.int32)
         return LMCache(layers=layers, length=jnp.zeros((), jnp.int32), segment_id=zeros, position=zeros)
 
@@ -162,6 +182,22 @@ class LM(nnx.Module):
     def flops_per_token(self, T: int) -> float:
         """Forward matmul FLOPs per token at sequence length T (see `flops_per_token`)."""
         return flops_per_token(self.config, T)
+
+
+def convert_layers(model: LM, scan_layers: bool) -> LM:
+    """The same model (the same parameters, layer for layer) with `config.scan_layers` set to `scan_layers`: the
+    blocks stacked into scanned periods, or the stack split back into per-layer blocks (scan.py); `model` itself
+    when it already has that form."""
+    if not isinstance(scan_layers, bool):
+        raise TypeError(f"scan_layers must be a bool, got {scan_layers!r}")
+    config = model.config
+    if config.scan_layers == scan_layers:
+        return model
+    target = dataclasses.replace(config, scan_layers=scan_layers)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: LM(target, rngs=nnx.Rngs(0))))
+    convert = scan_state if scan_layers else unscan_state
+    nnx.replace_by_pure_dict(abstract, convert(nnx.to_pure_dict(nnx.state(model)), config))
+    return nnx.merge(graphdef, abstract)
 
 
 def _check_tokens(tokens, vocab_size: int, segment_ids=None, debug_checks: bool = False) -> None:

@@ -3,6 +3,7 @@ and QK RMSNorm), the projections themselves with RoPE, and their sizes for the m
 
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float
 
 from retention.nn.conv import QKVConv, check_conv_size
@@ -95,17 +96,18 @@ class QKVMixer(nnx.Module):
         )
 
     def out(self, y_BTHd: Float[Array, "B T Hq d"]) -> Float[Array, "B T D"]:
-        """The output projection of the op's heads."""
+        """The output projection of the op's heads (named "o_proj" for the remat policies, remat.py)."""
         B, T = y_BTHd.shape[:2]
-        return self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim))
+        return checkpoint_name(self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim)), "o_proj")
 
 
 def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool):
     """q [B, T, Hq, d], k and v [B, T, H, d] of either mixer: projections, the short convolution (continuing
     `conv_cache` when decoding; within each document of segment_ids [B, T] or None), QK RMSNorm and RoPE as
-    configured; and the new conv cache (None when not decoding or without a convolution)."""
+    configured; and the new conv cache (None when not decoding or without a convolution). The projections' outputs are
+    named "q_proj", "k_proj" and "v_proj" for the remat policies (remat.py)."""
     B, T, _ = x_BTD.shape
-    q, k, v = mixer.q_proj(x_BTD), mixer.k_proj(x_BTD), mixer.v_proj(x_BTD)
+    q, k, v = (checkpoint_name(getattr(mixer, n)(x_BTD), n) for n in ("q_proj", "k_proj", "v_proj"))
     if mixer.conv is not None:
         q, k, v, conv_cache = mixer.conv(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache if decode else None)
     q = q.reshape(B, T, mixer.heads, mixer.head_dim)

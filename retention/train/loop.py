@@ -28,7 +28,6 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from flax import nnx
-from tqdm import tqdm
 
 from retention.data import Dataset, prefetch
 from retention.nn import LM, cache_bytes
@@ -41,7 +40,7 @@ from retention.train.hparams import metric_tags, run_hparams
 from retention.train.lock import RunLock
 from retention.train.metrics import MetricsWriter, training_flops_per_token
 from retention.train.optimizer import make_optimizer
-from retention.train.progress import Progress
+from retention.train.progress import Progress, StepDisplay
 from retention.train.record import (
     RECORD_FILE,
     check_same_run,
@@ -238,7 +237,7 @@ def _loop(session: Session, compiled, state, start: int):
     cfg, ckpt, writer, progress = session.cfg, session.ckpt, session.writer, session.progress
     tokens_per_step, steps = cfg.data.batch_size * cfg.data.seq_len, cfg.trainer.steps
     batches = prefetch(session.dataset.batch, start, steps, size=cfg.data.prefetch)
-    bar = tqdm(total=steps, initial=start, disable=not cfg.trainer.progress, unit="step", dynamic_ncols=True)
+    bar = StepDisplay(steps, start, cfg.trainer.progress)
     progress.restart_clock()
     try:  # no implicit device-to-host copy in the loop: only the log, eval and save points fetch, explicitly
         with StopSignals() as stop, jax.transfer_guard_device_to_host("disallow"):
@@ -246,7 +245,7 @@ def _loop(session: Session, compiled, state, start: int):
                 state, metrics = compiled(state, device_batch(batch, session.put))  # queued: nothing waits here
                 done, tokens = step + 1, (step + 1) * tokens_per_step
                 progress.pending.append(metrics)
-                bar.update(1)
+                bar.queued(metrics["loss"])
                 stopping = stop.signum is not None or ckpt.reached_preemption(done)
                 if done % cfg.trainer.log_every == 0 or done == steps:
                     mean, perf = progress.log(done)
@@ -254,7 +253,7 @@ def _loop(session: Session, compiled, state, start: int):
                     writer.scalars(done, {**mean, "lr": lr}, "train", tokens=tokens)
                     writer.scalars(done, {"tokens_seen": tokens}, "train")
                     writer.scalars(done, perf, "perf")
-                    bar.set_postfix(loss=f"{mean['loss']:.3f}", tok_s=f"{perf['tokens_per_s']:.0f}")
+                    bar.arrived(loss=f"{mean['loss']:.3f}", tok_s=f"{perf['tokens_per_s']:.0f}")
                     log.info(
                         "step %d: loss %.4f accuracy %.3f grad_norm %.3f %.0f tok/s",
                         *(done, mean["loss"], mean["accuracy"], mean["grad_norm"], perf["tokens_per_s"]),
@@ -265,6 +264,7 @@ def _loop(session: Session, compiled, state, start: int):
                 if stopping or done == steps or ckpt.should_save(done):
                     with progress.paused(state):
                         progress.fetch(done)  # a NaN loss is never checkpointed
+                        bar.arrived()
                         with jax.transfer_guard_device_to_host("allow"):  # Orbax copies the state to the host
                             ckpt.save(done, state, progress=progress.record())  # refuses NaN or inf parameters
                 if stopping:

@@ -1,15 +1,24 @@
 """The loop's bookkeeping of losses and speed, with no host sync per step: each step's metrics stay on the
 devices until `fetch` (every log_every steps, and before a checkpoint), which also checks the losses are finite.
-Throughput is measured per log window (steps fetched / seconds), with evaluation and checkpoint time left out."""
+Throughput is measured per log window (steps fetched / seconds), with evaluation and checkpoint time left out.
+`StepDisplay` shows the steps done: a step counts when its loss has arrived, not when it is queued; a tqdm bar on
+a terminal, a log line every so many seconds elsewhere (a log file gets no bar frames)."""
 
+import collections
 import contextlib
+import logging
 import math
 import statistics
+import sys
 import time
 
 import jax
+from tqdm import tqdm
 
 from retention.train.metrics import throughput
+
+log = logging.getLogger(__name__)
+LOG_EVERY_S = 30.0  # off a terminal: seconds between progress lines
 
 
 class Progress:
@@ -78,3 +87,55 @@ class Progress:
     def record(self) -> dict:
         """What a checkpoint keeps of the progress (restored into a resumed run's Progress)."""
         return {"initial_loss": self.initial_loss, "train_loss": self.train_loss, "tokens_per_s": self.tokens_per_s()}
+
+
+class StepDisplay:
+    """The steps done out of `total` (from `initial`): `queued(loss)` after each dispatch counts every step at the
+    head of the queue whose loss is ready (`jax.Array.is_ready`, no wait, no copy); `arrived()` counts all queued
+    steps (their metrics were just fetched). On a terminal `stream` (default stderr) a tqdm bar; elsewhere a log
+    line at most every `every_s` seconds (steps done, steps/s since the start, the time left) and at the end;
+    nothing when not `enabled`."""
+
+    def __init__(self, total: int, initial: int, enabled: bool, *, stream=None, every_s=LOG_EVERY_S, clock=None):
+        stream = sys.stderr if stream is None else stream
+        self.total, self.initial, self.done, self.every_s = total, initial, initial, every_s
+        self.clock = clock or time.monotonic
+        self.start = self.last_line = self.clock()
+        self.waiting, self.postfix = collections.deque(), ""
+        on_terminal = enabled and stream.isatty()
+        self.enabled = enabled
+        self.bar = (
+            tqdm(total=total, initial=initial, file=stream, unit="step", dynamic_ncols=True) if on_terminal else None
+        )
+
+    def queued(self, loss) -> None:
+        """A step's loss (a device array) was dispatched; count the steps whose loss is now ready."""
+        self.waiting.append(loss)
+        ready = 0
+        while self.waiting and self.waiting[0].is_ready():
+            self.waiting.popleft()
+            ready += 1
+        self._advance(ready)
+
+    def arrived(self, **postfix) -> None:
+        """Every queued step's loss is on the host; `postfix` (loss=..., tok_s=...) is shown beside the count."""
+        self.postfix = " ".join(f"{k} {v}" for k, v in postfix.items())
+        if self.bar is not None and postfix:
+            self.bar.set_postfix(postfix)
+        ready = len(self.waiting)
+        self.waiting.clear()
+        self._advance(ready)
+
+    def _advance(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and n and (self.clock() - self.last_line >= self.every_s or self.done == self.total):
+            self.last_line = self.clock()
+            rate = (self.done - self.initial) / max(self.last_line - self.start, 1e-9)
+            left = (self.total - self.done) / rate if rate > 0 else math.inf
+            log.info("step %d/%d, %.2f steps/s, %.0f s left %s", self.done, self.total, rate, left, self.postfix)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
