@@ -7,6 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from experiments.compare.protocol import at_edge
 from experiments.compare.results import Results
 from experiments.compare.runs import position_losses, train_loss_curve
 from experiments.formatting import md_table, tokens
@@ -92,13 +93,23 @@ def sweep_cell(value: float | None, best: bool) -> str:
 
 def lr_section(res: Results) -> list[str]:
     """Each entry's selection metric at each learning rate (the best in bold)."""
-    out = ["## Learning-rate sweeps (selection split, first seed)", ""]
+    out = [
+        "## Learning-rate sweeps (selection split, first seed)",
+        "",
+        "A best lr at the edge of the task's grid extended the entry's grid one step beyond it (columns outside the "
+        "task's grid; `-`: not run for that entry); `edge` flags a best still at its grid's edge, where the optimum "
+        "may lie further out.",
+        "",
+    ]
     for task, t in res.tasks.items():
+        trained = [e for e in t["entries"] if res.entries[e]["kv_cache_bits"] is None]
+        columns = sorted({lr for e in trained for lr in res.lrs(task, e)} | set(t["lrs"]))
         rows = []
-        for entry in (e for e in t["entries"] if res.entries[e]["kv_cache_bits"] is None):
-            best = res.best_lr(task, entry)
-            rows.append([entry, *(sweep_cell(v, lr == best) for lr, v in res.sweep(task, entry).items())])
-        out += [f"{task}:", "", md_table(["entry", *(f"lr {lr:g}" for lr in t["lrs"])], rows), ""]
+        for entry in trained:
+            best, values = res.best_lr(task, entry), res.sweep(task, entry)
+            cells = [sweep_cell(values[lr], lr == best) if lr in values else "-" for lr in columns]
+            rows.append([entry, *cells, "edge" if at_edge(tuple(res.lrs(task, entry)), best) else ""])
+        out += [f"{task}:", "", md_table(["entry", *(f"lr {lr:g}" for lr in columns), "best"], rows), ""]
     return out
 
 
