@@ -206,7 +206,7 @@ MQAR_RECIPE = (
     "data.batch_size=32",
     "optim.weight_decay=0",
     "optim.warmup_steps=40",
-    "trainer.steps=800",  # the cap: the rule stops a run on a plateau at about 450
+    "trainer.steps=600",  # the cap: the rule stops a run on a plateau at about 400-450
     "trainer.log_every=50",
     "trainer.eval_batches=4",
     "trainer.eval_scales=[1]",  # selection and the rule: the test eval gives the longer lengths
@@ -321,7 +321,11 @@ CPU = Preset(
         **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
     },
 )
-CPU_ESTIMATE = "about an hour on 2 idle cores in two parts (python -m experiments.compare.estimate --preset cpu)"
+# `python -m experiments.compare.estimate --preset cpu` (2026-12-02, from the committed runs' CPU seconds): 91
+# training runs, 58 CPU minutes if every run stops at its earliest (400 steps of mqar), 92 at the caps with all 27
+# possible lr extensions; with the test evals and the speed sweep (about 15 CPU minutes before) about 75-105 CPU
+# minutes: about an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2; 52 CPU minutes took 30 before).
+CPU_ESTIMATE = "about an hour on 2 idle cores in two parts (75-105 CPU minutes: experiments.compare.estimate)"
 
 GPU_MODEL = (
     "model.n_layers=8",

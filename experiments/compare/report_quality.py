@@ -55,7 +55,8 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
         summary = res.summary(task, entry)
         params = f"{summary['params']:,}" if summary else "?"
         cells = [res.cell(task, entry, L).text() for L in lengths]
-        rows.append([label(entry, res.layer_kinds(task, entry)), params, lr_text(res.best_lr(task, entry)), *cells])
+        best = lr_text(res.best_lr(task, entry))
+        rows.append([label(entry, res.layer_kinds(task, entry)), params, best, stop_text(res, task, entry), *cells])
     some = next((r["test"][str(lengths[0])] for r in res.quality["runs"] if r["task"] == task and r["test"]), {})
     name = metric.label(some)
     fig = Figure(figsize=(6.5, 4.2))
@@ -75,7 +76,7 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
     log_ticks(ax, lengths)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    header = ["model (layers)", "params", "best lr", *(f"@{tokens(L)}" for L in lengths)]
+    header = ["model (layers)", "params", "best lr", "steps (converged)", *(f"@{tokens(L)}" for L in lengths)]
     return [
         f"### {task}: test {name} (mean (range) over seeds)",
         "",
@@ -84,6 +85,18 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
         f"![{task}]({rel}/{save(fig, figdir / f'quality_{task}.png')})",
         "",
     ]
+
+
+def stop_text(res: Results, task: str, entry: str) -> str:
+    """Where the entry's best-lr runs stopped (summary.json's stopped_at, steps) and how many of them converged
+    under the rule rather than reaching the cap; "-" before they trained or for a run without the rule's keys."""
+    summaries = [r["summary"] for r in res.best_runs(task, res.trained(entry)) if r["summary"]]
+    runs = [s for s in summaries if "stopped_at" in s]
+    if not runs:
+        return "-"
+    steps = sorted(s["stopped_at"] for s in runs)
+    span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
+    return f"{span} ({sum(s['stop_reason'] == 'converged' for s in runs)}/{len(runs)})"
 
 
 def sweep_cell(value: float | None, best: bool) -> str:

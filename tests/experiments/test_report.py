@@ -65,6 +65,8 @@ def fake_quality(runs_dir: Path) -> dict:
                     "params": 1000 + len(entry),
                     "eval": {"64": {"accuracy": value if seed == 0 else 0.0, "loss": 2.0}},
                 }
+                if entry == "softmax":  # the convergence rule's account: seeds 0 and 1 converged, seed 2 hit the cap
+                    summary.update(stopped_at=8 + 2 * seed, stop_reason="converged" if seed < 2 else "steps")
                 test = made_up_test(entry, seed) if lr == BEST[entry] else None
                 if entry == "softmax" and lr == 1e-3:
                     test = {"64": {"accuracy": 0.0}}  # a test eval off the best lr is never read
@@ -176,8 +178,10 @@ def test_cells_are_means_and_ranges_over_the_best_lr_seeds(tmp_path):
 
 def test_report_tables(report):
     text, _ = report
-    assert "| softmax (AA) | 1,007 | 0.003 | 0.900 (0.800-1.000) | 0.600 (0.500-0.700) | not run: time |" in text
-    assert "| power (PP) | 1,005 | 0.001 | 0.300 (0.200-0.400) | 0.250 (0.250-0.250) | 0.200 (0.200-0.200) |" in text
+    softmax = "| softmax (AA) | 1,007 | 0.003 | 8-12 (2/3) | 0.900 (0.800-1.000) | 0.600 (0.500-0.700) | not run: "
+    assert softmax in text  # stopped at 8, 10 (converged) and 12 (the cap)
+    power = "| power (PP) | 1,005 | 0.001 | - | 0.300 (0.200-0.400) | 0.250 (0.250-0.250) | 0.200 (0.200-0.200) |"
+    assert power in text  # summaries without the rule's keys
     assert "| softmax | 0.500 | **0.900** | 0.700 |" in text  # the lr sweep, best in bold
     assert "| power | **0.300** | 0.300 | nan |" in text
     row = "| power_nogate | no gating | power (PP) | 0.300 (0.200-0.400) | 0.100 | -0.200 |"
