@@ -59,8 +59,8 @@ def state_bytes(res: Results, task: str, entry: str, L: int) -> int:
 
 def fixed_state_verdicts(res: Results, task: str, lengths: list[int]) -> list[str]:
     """For each entry whose state does not grow over the lengths (a fixed state, or a window past its width):
-    the lengths at which it reaches at least the 4-bit KV cache's accuracy with no more bytes, and those where it
-    does not (and why). Empty without a 4-bit cache entry."""
+    the lengths at which it beats the 4-bit KV cache (higher accuracy, no more bytes), ties it, and those where
+    it does not (and why). Empty without a 4-bit cache entry."""
     kv4 = next((e for e in frontier_entries(res, task) if res.entries[e]["kv_cache_bits"] == 4), None)
     if kv4 is None:
         return []
@@ -69,19 +69,22 @@ def fixed_state_verdicts(res: Results, task: str, lengths: list[int]) -> list[st
         sizes = {L: state_bytes(res, task, entry, L) for L in lengths}
         if res.entries[entry]["kv_cache_bits"] is not None or len(set(sizes.values())) > 1:
             continue
-        beats, below, larger, pending = [], [], [], []
+        beats, ties, below, larger, pending = [], [], [], [], []
         for L in lengths:
             own, cache = res.cell(task, entry, L), res.cell(task, kv4, L)
             if not (own.n and cache.n):
                 pending.append(L)
             elif sizes[L] > state_bytes(res, task, kv4, L):
                 larger.append(L)
-            elif own.mean >= cache.mean:
+            elif own.mean > cache.mean:
                 beats.append(L)
+            elif own.mean == cache.mean:
+                ties.append(L)
             else:
                 below.append(L)
         parts = [
             f"beats it at {_lengths(beats)}" if beats else "beats it at no length",
+            *([f"ties at {_lengths(ties)}"] if ties else []),
             *([f"below its accuracy at {_lengths(below)}"] if below else []),
             *([f"more bytes than the cache at {_lengths(larger)}"] if larger else []),
             *([f"pending at {_lengths(pending)}"] if pending else []),
@@ -109,8 +112,8 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
         "Bytes per sequence of the decode caches at each test length (a KV cache grows with it; a fixed state, or "
         "a window past its width, does not); the quantized caches (`softmax_kv8`, `softmax_kv4`: int8 and 4-bit "
         "keys and values, a bfloat16 scale per 16) are softmax's trained runs decoded through that cache. A fixed "
-        "state *beats* the 4-bit cache at a length where its test accuracy is at least the cache's with no more "
-        "bytes.",
+        "state *beats* the 4-bit cache at a length where its test accuracy is above the cache's with no more bytes "
+        "(the same accuracy: a tie).",
         "",
     ]
     for ax, task in zip(axes, tasks):

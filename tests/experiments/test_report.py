@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments.compare.report import write_report
+from experiments.compare.report_frontier import fixed_state_verdicts
 from experiments.compare.results import Cell, Results
 from retention.train.metrics import MetricsWriter
 
@@ -198,7 +199,7 @@ def test_report_headline_buys_and_costs(report):
 
 def test_report_frontier_by_length_and_the_fixed_state_verdict(report):
     """Rows sorted by bytes at the training length, bytes at the first and last length, accuracy at each; power's
-    fixed 5,188 bytes beat the 4-bit cache at 1,024 tokens (0.25 >= 0.2 with 5 KiB <= 49 KiB), not at 64 (the
+    fixed 5,188 bytes beat the 4-bit cache at 1,024 tokens (0.25 > 0.2 with 5 KiB <= 49 KiB), not at 64 (the
     cache is smaller there: 3,596 bytes)."""
     text, _ = report
     frontier = text[text.index("## The frontier") : text.index("## Learning-rate")]
@@ -234,3 +235,14 @@ def test_report_speed_protocol_plots_and_commands(report):
 def test_report_without_results_says_what_to_run(tmp_path):
     with pytest.raises(SystemExit, match="run python -m experiments.compare.run"):
         write_report(tmp_path, tmp_path / "R.md")
+
+
+def test_a_tie_with_the_4bit_cache_is_not_a_win(tmp_path):
+    """power at 0.25 against a 4-bit cache at 0.25 on every seed at 1,024 tokens: a tie, not a win."""
+    quality = fake_quality(tmp_path)
+    for run in quality["runs"]:
+        if run["entry"] == "softmax_kv4":
+            run["test"]["1024"]["accuracy"] = 0.25
+    verdicts = fixed_state_verdicts(Results(quality), "mqar", [64, 1024])
+    power = "- power (PP), 5 KiB at every length: beats it at no length; ties at 1k; more bytes than the cache at 64"
+    assert power in verdicts
