@@ -8,6 +8,9 @@ seconds a job and the speed sweep's seconds (<runs>/timings.json); applied to th
 
 CPU seconds (all threads) do not depend on what else the machine runs; wall seconds on 2 idle cores are at most
 the CPU seconds (XLA's CPU programs use both cores only in part), so `--seconds cpu` gives an upper bound there.
+A task under the convergence rule (trainer.early_stop) trains each run between its earliest possible stop and its
+cap (trainer.steps); an lr grid extends at most `lr_extensions` runs an entry: the total is given both ways, at
+the caps with every extension (an upper bound) and at the earliest stops without extensions (a lower bound).
 """
 
 import argparse
@@ -71,6 +74,25 @@ def trained_jobs(preset: Preset) -> list[Run]:
     return [*sweep_runs(preset), *seeds]
 
 
+def earliest_steps(cfg) -> int:
+    """The first step at which the convergence rule can stop a run of `cfg` (its cap when the rule is off): the
+    eval `patience` evals after the first, and none before min_step."""
+    rule, every, cap = cfg.trainer.early_stop, cfg.trainer.eval_every, cfg.trainer.steps
+    if not rule.patience:
+        return cap
+    return min(cap, max((rule.patience + 1) * every, -(-rule.min_step // every) * every))
+
+
+def extension_job_count(preset: Preset) -> int:
+    """The most runs the lr grids' extensions can add: `lr_extensions` per trained entry of a task with two or
+    more learning rates."""
+    return sum(
+        spec.lr_extensions * sum(preset.entries[e].trained for e in preset.task_entries(task))
+        for task, spec in preset.tasks.items()
+        if len(spec.lrs) > 1
+    )
+
+
 def eval_job_count(preset: Preset) -> int:
     """How many test evals the preset makes: every reported seed of every entry at its best lr."""
     count = 0
@@ -89,17 +111,25 @@ def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s", committed:
         where = ", ".join(map(str, [*folders, *([committed] if committed else [])])) or "nowhere"
         raise ValueError(f"no finished training run with {key} under {where}: nothing to time the preset from")
     overhead, per_token = fit([(n, sec) for _, n, sec in measured])
-    tokens = {}
+    tokens, earliest = {}, {}
     for task in preset.tasks:
         cfg = compose_config(run_overrides(preset, Run(task, preset.headline[0], 1e-3, 0)))
         tokens[task] = cfg.trainer.steps * cfg.data.batch_size * cfg.data.seq_len
+        earliest[task] = earliest_steps(cfg) * cfg.data.batch_size * cfg.data.seq_len
     # A task's measured runs at this preset's tokens give its seconds a run; other tasks take the fitted line.
     per_run = {}
     for task, n in tokens.items():
         same = [sec for t, m, sec in measured if t == task and m == n]
         per_run[task] = sum(same) / len(same) if same else overhead + per_token * n
+    per_run_earliest = {t: min(per_run[t], overhead + per_token * n) for t, n in earliest.items()}
     jobs = trained_jobs(preset)
     train_s = sum(per_run[r.task] for r in jobs)
+    extension_jobs = extension_job_count(preset)
+    extend_s = sum(  # each extension at its task's cap
+        spec.lr_extensions * per_run[t] * sum(preset.entries[e].trained for e in preset.task_entries(t))
+        for t, spec in preset.tasks.items()
+        if len(spec.lrs) > 1
+    )
     timings = [read_json(f / TIMINGS) or {} for f in folders]
     test = [t["test"] for t in timings if t.get("test", {}).get("jobs")]
     test_per_job = sum(t[key] for t in test) / sum(t["jobs"] for t in test) if test else None
@@ -111,11 +141,17 @@ def estimate(preset: Preset, folders: list[Path], key: str = "cpu_s", committed:
         "tokens_per_run": tokens,
         "seconds_per_run": per_run,
         "train_s": train_s,
+        "earliest_tokens_per_run": earliest,
+        "train_s_earliest": sum(per_run_earliest[r.task] for r in jobs),
+        "extension_runs_max": extension_jobs,
+        "extend_s_max": extend_s,
         "test_jobs": eval_job_count(preset),
         "test_s": None if test_per_job is None else test_per_job * eval_job_count(preset),
         "speed_s": max(speed) if speed else None,
     }
-    out["total_s"] = sum(v for k, v in out.items() if k in ("train_s", "test_s", "speed_s") and v is not None)
+    fixed = sum(v for k, v in out.items() if k in ("test_s", "speed_s") and v is not None)
+    out["total_s"] = out["train_s"] + out["extend_s_max"] + fixed  # at the caps, every extension
+    out["total_s_earliest"] = out["train_s_earliest"] + fixed  # every run at its earliest stop, no extension
     return out
 
 
@@ -141,7 +177,11 @@ def main(argv=None):
         raise SystemExit(f"error: {e}") from None
     for key, value in result.items():
         print(f"{key}: {value:,.1f}" if isinstance(value, float) else f"{key}: {value}")
-    print(f"total: {result['total_s'] / 60:.1f} minutes ({args.seconds} seconds; missing stages not counted)")
+    low, high = result["total_s_earliest"] / 60, result["total_s"] / 60
+    print(
+        f"total: {low:.1f} to {high:.1f} minutes ({args.seconds} seconds; from every run at its earliest stop "
+        "without lr extensions to every run at its cap with every extension; missing stages not counted)"
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from flax import nnx
 
 from experiments.compare.presets import TEST_OFFSET, Preset
 from experiments.compare.protocol import Run
-from experiments.compare.runs import eval_sums, load_params
+from experiments.compare.runs import SUMMARY, eval_sums, load_params, read_json
 from experiments.formatting import human_bytes
 from retention.nn import LM
 from retention.train.config import Config, make_dataset, make_lm_config
@@ -85,9 +85,9 @@ def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: 
 
 def evaluate_run(preset: Preset, run: Run, cfg: Config, source) -> dict[str, dict]:
     """{str(length): metrics (and the compiled eval's bytes), or {"skipped": why}} of the finished run in the
-    folder `source`, at each of the run's test lengths."""
+    folder `source` (its last step: the convergence rule's stop, or the cap), at each of the run's test lengths."""
     lm = make_lm_config(cfg.model, make_dataset(cfg.data, cfg.seed).vocab_size)
-    params = load_params(source, cfg.trainer.steps)
+    params = load_params(source, read_json(source / SUMMARY)["steps"])
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(0))))
     lengths = test_lengths(preset, run, cfg.data.seq_len)
     return {str(L): _length_metrics(preset, run, cfg, graphdef, params, L) for L in lengths}

@@ -2,14 +2,16 @@
 
 A preset names trained configurations (`Entry`: a model config group and its overrides) in three roles:
 `headline` (softmax A, window W, the window with the power state's bytes, power P, hybrids: on every task),
-`ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, quantized KV caches,
-the field's fixed-state mixers Gated DeltaNet, GLA and Mamba2: on the frontier task). Each task gives its data
-and trainer overrides, the learning rates every entry is trained at (seed `seeds[0]`), the seeds run at the best
-one, and the lengths of the test evaluation. Model overrides are Hydra strings, exactly as `train.py` takes them;
-each task's recipe is written once (MQAR_RECIPE, PASSKEY_RECIPE, TEXT_RECIPE: the cpu preset's) and the other
-presets change it by key (`with_overrides`).
+`ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, the registry's
+other fixed-state mixers, quantized KV caches: on each frontier task, one per training length, evaluated at 1x-16x
+of it). Each task gives its data and trainer overrides (the convergence rule, trainer.early_stop, where a task
+trains until its eval stops improving), the learning rates every entry is trained at (seed `seeds[0]`; a best lr
+at the grid's edge extends the grid, `lr_extensions`), the seeds run at the best one, and the test lengths.
+Model overrides are Hydra strings, exactly as `train.py` takes them; each task's recipe is written once
+(MQAR_RECIPE, PASSKEY_RECIPE, TEXT_RECIPE: the cpu preset's) and the other presets change it by key
+(`with_overrides`).
 
-- `cpu`: this 2-core machine, about 30 minutes on 2 idle cores (CPU_ESTIMATE), in parts that resume.
+- `cpu`: this 2-core machine, about an hour on 2 idle cores (CPU_ESTIMATE), in parts that resume.
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
@@ -47,7 +49,9 @@ class Task:
     entry, so every entry sees the same tokens. The lr is chosen on the trainer's eval at 1x (`summary.json`, eval
     batches 0..); the test eval reports `test_scales` x seq_len and `long_lengths` on eval batches from
     TEST_OFFSET on (independent draws). `test_tokens`: tokens per test batch (batch = max(1, test_tokens // L)).
-    `models`: extra model overrides per entry name ("*": all); `skip`: headline entries this task leaves out."""
+    `models`: extra model overrides per entry name ("*": all); `skip`: entries this task leaves out.
+    `lr_extensions`: how many steps (the grid's own ratio) an entry's grid extends beyond an edge where its best
+    lr sits (protocol.py); 0: never."""
 
     data: str
     overrides: tuple[str, ...]
@@ -59,7 +63,8 @@ class Task:
     test_tokens: int = 16384
     decode_chunk: int = 256  # tokens per decode step in the quantized-cache eval
     models: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    skip: tuple[str, ...] = ()  # headline entries not run on this task (the report shows them as not run)
+    skip: tuple[str, ...] = ()  # entries not run on this task (the report shows them as not run)
+    lr_extensions: int = 1
 
     def model_overrides(self, entry: str) -> tuple[str, ...]:
         """This task's extra overrides of `entry`'s model config."""
@@ -95,16 +100,16 @@ class Preset:
     ablations: tuple[str, ...] = ()
     frontier: tuple[str, ...] = ()
     ablation_task: str | None = None
-    frontier_task: str | None = None
+    frontier_tasks: tuple[str, ...] = ()  # one per training length
     long_eval_bytes: float = 8 * 2**30
     long_eval_skip: dict[str, str] = field(default_factory=dict)
 
     def task_entries(self, task: str) -> tuple[str, ...]:
         """The entries compared on `task`, headline first, each once."""
-        names = [n for n in self.headline if n not in self.tasks[task].skip]
+        names = [*self.headline]
         names += list(self.ablations) if task == self.ablation_task else []
-        names += list(self.frontier) if task == self.frontier_task else []
-        return tuple(dict.fromkeys(names))
+        names += list(self.frontier) if task in self.frontier_tasks else []
+        return tuple(n for n in dict.fromkeys(names) if n not in self.tasks[task].skip)
 
 
 def with_overrides(base: tuple[str, ...], *changes: str) -> tuple[str, ...]:
@@ -137,13 +142,6 @@ HEADLINE_ENTRIES = {
 }
 
 
-FIELD_ENTRIES = {  # the registry's other fixed-state mixers, each at its own decode-state bytes on the frontier
-    "gated_deltanet": Entry("gated_deltanet"),
-    "gla": Entry("gla"),
-    "mamba2": Entry("mamba2"),
-}
-
-
 def ablation_entries() -> dict[str, Entry]:
     """One change each to a headline entry (the headline models have the preset's short convolution and QK
     RMSNorm: the ablations take one part away, or change the degree or the hybrid's ratio)."""
@@ -159,14 +157,25 @@ def ablation_entries() -> dict[str, Entry]:
     }
 
 
+# The registry's other fixed-state mixers (retention/nn/registry.py), each at the preset's shared sizes: frontier
+# entries on every frontier task. One line each: a new mixer joins the frontier here.
+FIXED_STATE_ENTRIES = {
+    "gated_deltanet": Entry("gated_deltanet"),
+    "gla": Entry("gla"),
+    "mamba2": Entry("mamba2"),
+}
+
+
 def frontier_entries(windows: tuple[int, ...], head_dims: tuple[int, ...], degrees=(2, 4)) -> dict[str, Entry]:
-    """Windows, power at `degrees` and other head dims, and softmax decoding from an int8 / 4-bit cache."""
+    """Windows, power at `degrees` and other head dims, the other fixed-state mixers, and softmax decoding from an
+    int8 / 4-bit cache."""
     out = {f"swa_w{w}": Entry("swa", (f"model.window={w}",)) for w in windows}
     for d in head_dims:
         if 2 in degrees:
             out[f"power_d{d}"] = Entry("power", (f"model.head_dim={d}",))
         if 4 in degrees:
             out[f"power_deg4_d{d}"] = Entry("power", (f"model.head_dim={d}", "model.deg=4"))
+    out.update(FIXED_STATE_ENTRIES)
     for bits in (8, 4):
         out[f"softmax_kv{bits}"] = Entry("softmax", kv_cache_bits=bits, base="softmax", change=f"{bits}-bit KV cache")
     return out
@@ -180,29 +189,40 @@ def _frontier(windows, head_dims, degrees=(2, 4)) -> tuple[str, ...]:
     return tuple(frontier_entries(windows, head_dims, degrees)) + ("power_deg4", "hybrid_3to1")
 
 
+# The convergence rule (trainer.early_stop, retention/train/convergence.py) of the tasks that train until their
+# eval stops improving: 4 evals without a gain of 0.02 (the eval's noise at 512 queries is about 0.02), never
+# before min_step (MQAR's plateau at 1/pairs comes before recall's jump); trainer.steps is the cap.
+CONVERGENCE_RULE = (
+    "trainer.eval_every=50",
+    "trainer.early_stop.patience=4",
+    "trainer.early_stop.min_delta=0.02",
+    "trainer.early_stop.min_step=400",
+)
 # Each task's recipe, once: the cpu preset's; the other presets change it by key (with_overrides).
 MQAR_RECIPE = (
     "data.seq_len=64",
     "data.num_kv_pairs=4",
     "data.vocab_size=128",
     "data.min_gap=48",
-    "data.batch_size=64",
+    "data.batch_size=32",
     "optim.weight_decay=0",
-    "optim.warmup_steps=20",
-    "trainer.steps=200",
+    "optim.warmup_steps=40",
+    "trainer.steps=600",  # the cap: the rule stops a run on a plateau at about 400-450
     "trainer.log_every=50",
     "trainer.eval_batches=4",
-    "trainer.eval_scales=[1]",  # selection only: the test eval gives the longer lengths
+    "trainer.eval_scales=[1]",  # selection and the rule: the test eval gives the longer lengths
+    *CONVERGENCE_RULE,
     *QUALITY_TRAINER,
 )
-PASSKEY_RECIPE = (
-    "data.seq_len=512",
-    "data.batch_size=4",
-    "optim.warmup_steps=10",
-    "trainer.steps=60",
-    "trainer.log_every=10",
+PASSKEY_RECIPE = (  # at T=128, 300 steps of 32 reach exact match 1.0; at 512, 300 steps of 16 stay at chance
+    "data.seq_len=128",
+    "data.batch_size=32",
+    "optim.warmup_steps=20",
+    "trainer.steps=300",
+    "trainer.log_every=50",
     "trainer.eval_batches=2",
-    "trainer.eval_scales=[1]",  # selection only: the test eval gives the longer lengths
+    "trainer.eval_scales=[1]",  # selection and the rule: the test eval gives the longer lengths
+    *with_overrides(CONVERGENCE_RULE, "trainer.early_stop.patience=3", "trainer.early_stop.min_step=150"),
     *QUALITY_TRAINER,
 )
 TEXT_RECIPE = (
@@ -215,48 +235,63 @@ TEXT_RECIPE = (
     "trainer.eval_scales=[1,4,16]",  # loss by position at 1x, 4x and 16x
     *QUALITY_TRAINER,
 )
+FRONTIER_SCALES = (1, 2, 4, 8, 16)  # a frontier task's test lengths, as multiples of its training length
 
-CPU_WINDOWS, CPU_HEAD_DIMS = (64,), (16,)  # and degree 2 only: degree 4 at d=8 is an ablation
-CPU_ABLATIONS, CPU_FRONTIER = tuple(ablation_entries()), _frontier(CPU_WINDOWS, CPU_HEAD_DIMS, (2,))
+CPU_WINDOWS, CPU_HEAD_DIMS = (64,), (8,)  # and degree 2 only: degree 4 at the headline's d=16 is a frontier entry
+CPU_ABLATIONS = ("softmax_conv0", "power_conv0", "hybrid_3to1")  # those that can change the reading on the far cell
+CPU_FRONTIER = _frontier(CPU_WINDOWS, CPU_HEAD_DIMS, (2,))
+CPU_LRS = (3e-3, 1e-2, 3e-2)  # 1e-2 is the best of 1e-3..1e-2 for every model on this cell: the grid goes past it
 CPU = Preset(
     name="cpu",
     model=(
         "model.n_layers=2",
         "model.n_heads=4",
         "model.n_kv_heads=4",
-        "model.head_dim=8",
-        "model.window=16",
+        "model.head_dim=16",  # at 8 softmax stays on the 1/pairs plateau at this budget
+        "model.window=19",
         "model.conv_size=4",
         "model.qk_norm=true",
         "model.target_params=100000",
     ),
-    entries={**_entries(CPU_WINDOWS, CPU_HEAD_DIMS, (2,)), **FIELD_ENTRIES},
+    entries=_entries(CPU_WINDOWS, CPU_HEAD_DIMS, (2,)),
     headline=tuple(HEADLINE_ENTRIES),
     ablations=CPU_ABLATIONS,
-    frontier=(*CPU_FRONTIER, *FIELD_ENTRIES),
+    frontier=CPU_FRONTIER,
     ablation_task="mqar",
-    frontier_task="mqar",
+    frontier_tasks=("mqar", "mqar_t128"),
     tasks={
-        # The matched window at d=8, p=2 is 19 tokens a layer: two layers and their 4-tap convolutions reach
-        # 2 x (18 + 3) = 42 tokens back, so every query sits more than 48 tokens after its key (the demo's far
-        # cell, configs/experiment/mqar_demo.yaml, at head dim 8). Three seeds on this task only (the headline's
-        # recall cell). 200 steps of 64 x 64 tokens, so that 49 runs fit the budget.
+        # The demo's far cell (configs/experiment/mqar_demo.yaml): W's 19 tokens a layer and the 4-tap
+        # convolutions reach 2 x (18 + 3) = 42 tokens back, every query sits more than 48 tokens after its key;
+        # the matched window (the power state's bytes at d=16, about 70 tokens) reaches every key at T=64. Three
+        # seeds on this task only (the headline's recall cell); every run trains until the rule stops it.
         "mqar": Task(
             "mqar",
             MQAR_RECIPE,
-            lrs=(1e-3, 3e-3, 1e-2),
+            lrs=CPU_LRS,
             seeds=(0, 1, 2),
-            test_scales=(1, 16),
+            test_scales=FRONTIER_SCALES,
             long_lengths=(65536,),
+            test_batches=2,
+            test_tokens=65536,
+        ),
+        # The frontier's second training length: the same cell at T=128 (vocab 256: MQAR needs vocab > T), the
+        # same tokens a step; the fixed-state, window and softmax entries only, one seed.
+        "mqar_t128": Task(
+            "mqar",
+            with_overrides(MQAR_RECIPE, "data.seq_len=128", "data.vocab_size=256", "data.batch_size=16"),
+            lrs=CPU_LRS,
+            seeds=(0,),
+            skip=("swa", "swa_matched", "hybrid", "hybrid_3to1", "power_deg4"),
+            test_scales=FRONTIER_SCALES,
             test_batches=2,
             test_tokens=65536,
         ),
         "passkey": Task(
             "passkey",
             PASSKEY_RECIPE,
-            lrs=(1e-3, 3e-3, 1e-2),
+            lrs=CPU_LRS,
             seeds=(0,),
-            skip=("swa",),  # W (16 tokens) is the matched window (19) less 3 tokens: on MQAR only
+            skip=("swa",),  # W: on MQAR only
             test_scales=(1, 16),
             long_lengths=(65536,),
             test_batches=2,
@@ -267,7 +302,7 @@ CPU = Preset(
             TEXT_RECIPE,
             lrs=(1e-3, 3e-3, 1e-2),
             seeds=(0,),
-            skip=("swa",),  # W (16 tokens) is the matched window (19) less 3 tokens: on MQAR only
+            skip=("swa",),  # W: on MQAR only
             test_scales=(1, 16),
             test_tokens=16384,
         ),
@@ -284,17 +319,14 @@ CPU = Preset(
     long_eval_bytes=6 * 2**30,
     long_eval_skip={
         "softmax": "time: about 1e12 FLOPs a 64k sequence, minutes on 2 cores",
-        **{
-            e: "time: the cpu preset evaluates 64k for the headline only"
-            for e in (*CPU_ABLATIONS, *CPU_FRONTIER, *FIELD_ENTRIES)
-        },
+        **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
     },
 )
-# Measured (2026-12-01, 2 shared cores, outputs/compare/cpu/timings.json): the speed sweep 580 CPU s; 63 training
-# runs about 2,200 (35 a run: mqar 200 steps, passkey and text 60, mostly compilation and evals); seeds 235; 37 test
-# evals 130. About 52 CPU minutes: half an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2). The
-# field's mixers on the frontier add 9 MQAR runs (3 entries x 3 lrs), about 5 CPU minutes more at 35 s a run.
-CPU_ESTIMATE = "about 30 minutes on 2 idle cores in two parts (52 CPU minutes measured)"
+# `python -m experiments.compare.estimate --preset cpu` (2026-12-02, from the committed runs' CPU seconds): 91
+# training runs, 58 CPU minutes if every run stops at its earliest (400 steps of mqar), 92 at the caps with all 27
+# possible lr extensions; with the test evals and the speed sweep (about 15 CPU minutes before) about 75-105 CPU
+# minutes: about an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2; 52 CPU minutes took 30 before).
+CPU_ESTIMATE = "about an hour on 2 idle cores in two parts (75-105 CPU minutes: experiments.compare.estimate)"
 
 GPU_MODEL = (
     "model.n_layers=8",
@@ -310,34 +342,40 @@ GPU_MODEL = (
 GPU_RECALL_MODEL = ("model.n_layers=2", "model.head_dim=32", "model.target_params=8000000")
 GPU_MQAR_CELL = ("data.seq_len=4096", "data.num_kv_pairs=64", "data.vocab_size=8192", "data.min_gap=1100")
 GPU_WINDOWS, GPU_HEAD_DIMS = (64, 256, 2048), (16, 64)
+GPU_LRS = (3e-4, 1e-3, 3e-3)
+GPU_MQAR = with_overrides(
+    MQAR_RECIPE,
+    *GPU_MQAR_CELL,
+    "data.batch_size=32",
+    "optim.warmup_steps=300",
+    "trainer.steps=4000",
+    "trainer.eval_every=250",
+    "trainer.early_stop.min_step=1000",
+    "trainer.eval_batches=8",
+    "trainer.eval_scales=[1,4]",
+)
+GPU_MQAR_TEST = {"test_scales": FRONTIER_SCALES, "test_tokens": 262144, "models": {"*": GPU_RECALL_MODEL}}
 GPU = Preset(
     name="gpu",
     model=GPU_MODEL,
-    entries={**_entries(GPU_WINDOWS, GPU_HEAD_DIMS), **FIELD_ENTRIES},
+    entries=_entries(GPU_WINDOWS, GPU_HEAD_DIMS),
     headline=tuple(HEADLINE_ENTRIES),
     ablations=tuple(ablation_entries()),
-    frontier=(*_frontier(GPU_WINDOWS, GPU_HEAD_DIMS), *FIELD_ENTRIES),
+    frontier=_frontier(GPU_WINDOWS, GPU_HEAD_DIMS),
     ablation_task="mqar",
-    frontier_task="mqar",
+    frontier_tasks=("mqar", "mqar_8k"),
     tasks={
         # Zoology's depth for recall (2 layers); at d=32, p=2 in bf16 the matched window is about 544 tokens a
         # layer, so queries start 1,100 tokens after the pairs.
-        "mqar": Task(
+        "mqar": Task("mqar", GPU_MQAR, lrs=GPU_LRS, seeds=(0, 1, 2), **GPU_MQAR_TEST),
+        # The frontier's second training length: the same cell at T=8192 (vocab > T), the same tokens a step.
+        "mqar_8k": Task(
             "mqar",
-            with_overrides(
-                MQAR_RECIPE,
-                *GPU_MQAR_CELL,
-                "data.batch_size=32",
-                "optim.warmup_steps=300",
-                "trainer.steps=4000",
-                "trainer.eval_batches=8",
-                "trainer.eval_scales=[1,4]",
-            ),
-            lrs=(3e-4, 1e-3, 3e-3),
-            seeds=(0, 1, 2),
-            test_scales=(1, 16),
-            test_tokens=262144,
-            models={"*": GPU_RECALL_MODEL},
+            with_overrides(GPU_MQAR, "data.seq_len=8192", "data.vocab_size=16384", "data.batch_size=16"),
+            lrs=GPU_LRS,
+            seeds=(0,),
+            skip=("swa", "swa_matched", "hybrid", "hybrid_3to1", "power_deg4"),
+            **GPU_MQAR_TEST,
         ),
         "passkey": Task(
             "passkey",
@@ -348,10 +386,12 @@ GPU = Preset(
                 "optim.warmup_steps=200",
                 "trainer.steps=3000",
                 "trainer.log_every=50",
+                "trainer.eval_every=250",
+                "trainer.early_stop.min_step=1000",
                 "trainer.eval_batches=4",
                 "trainer.eval_scales=[1,4]",
             ),
-            lrs=(3e-4, 1e-3, 3e-3),
+            lrs=GPU_LRS,
             seeds=(0, 1, 2),
             test_scales=(1, 16),
             test_tokens=262144,
@@ -396,7 +436,13 @@ GPU_SMALL = Preset(
         "mqar": Task(
             "mqar",
             with_overrides(
-                MQAR_RECIPE, *GPU_MQAR_CELL, "data.batch_size=16", "optim.warmup_steps=100", "trainer.steps=600"
+                MQAR_RECIPE,
+                *GPU_MQAR_CELL,
+                "data.batch_size=16",
+                "optim.warmup_steps=100",
+                "trainer.steps=600",
+                "trainer.eval_every=100",
+                "trainer.early_stop.min_step=300",
             ),
             lrs=(1e-3,),
             seeds=(0,),
@@ -435,6 +481,21 @@ SMOKE_MODEL = (
     "model.qk_norm=true",
     "model.target_params=20000",
 )
+SMOKE_MQAR = with_overrides(
+    MQAR_RECIPE,
+    "data.vocab_size=80",
+    "data.batch_size=4",
+    "~optim.weight_decay",
+    "optim.warmup_steps=1",
+    "trainer.steps=3",
+    "trainer.log_every=1",
+    "trainer.eval_every=1",  # the rule runs; with patience 3 it cannot stop a 3-step run
+    "trainer.early_stop.patience=3",
+    "trainer.early_stop.min_step=0",
+    "trainer.eval_batches=1",
+    "trainer.eval_scales=[1,2]",
+)
+SMOKE_TEST = {"test_batches": 1, "test_tokens": 256, "decode_chunk": 16}
 SMOKE = Preset(
     name="smoke",
     model=SMOKE_MODEL,
@@ -442,34 +503,25 @@ SMOKE = Preset(
         **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power")},
         "power_nogate": ablation_entries()["power_nogate"],
         "softmax_kv4": frontier_entries((), ())["softmax_kv4"],
-        **FIELD_ENTRIES,
+        "mamba2": FIXED_STATE_ENTRIES["mamba2"],
     },
     headline=("softmax", "swa_matched", "power"),
     ablations=("power_nogate",),
-    frontier=("softmax_kv4", *FIELD_ENTRIES),
+    frontier=("softmax_kv4", "mamba2"),  # one of the registry's fixed-state mixers, end to end
     ablation_task="mqar",
-    frontier_task="mqar",
+    frontier_tasks=("mqar", "mqar_t32"),
     tasks={
         "mqar": Task(
+            "mqar", SMOKE_MQAR, lrs=(1e-3, 1e-2), seeds=(0, 1), test_scales=(1, 4), long_lengths=(1024,), **SMOKE_TEST
+        ),
+        "mqar_t32": Task(  # the frontier's second training length
             "mqar",
-            with_overrides(
-                MQAR_RECIPE,
-                "data.vocab_size=80",
-                "data.batch_size=4",
-                "~optim.weight_decay",
-                "optim.warmup_steps=1",
-                "trainer.steps=3",
-                "trainer.log_every=1",
-                "trainer.eval_batches=1",
-                "trainer.eval_scales=[1,2]",
-            ),
+            with_overrides(SMOKE_MQAR, "data.seq_len=32", "data.min_gap=8"),
             lrs=(1e-3, 1e-2),
-            seeds=(0, 1),
+            seeds=(0,),
+            skip=("swa_matched", "mamba2"),
             test_scales=(1, 4),
-            long_lengths=(1024,),
-            test_batches=1,
-            test_tokens=256,
-            decode_chunk=32,
+            **SMOKE_TEST,
         ),
     },
     speed=Speed(

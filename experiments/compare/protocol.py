@@ -3,6 +3,8 @@ the statistics the report shows.
 
 Stages, each resumable (a run with its summary.json, or its test.json, is never redone):
 1. "sweep": every trained entry of every task at each of the task's learning rates, seed `seeds[0]`;
+   "extend": where an entry's best learning rate sits at its grid's edge, one more rate beyond that edge (the
+   grid's own ratio), up to the task's `lr_extensions` steps; the report flags a best still at the edge;
 2. "seeds": a headline entry's other seeds at its best learning rate, once its sweep is complete;
 3. "test": every run at the best learning rate evaluated on the test draws; a quantized-cache entry evaluates its
    base's runs there.
@@ -67,6 +69,32 @@ def best_lr(values: dict[float, float | None], higher_is_better: bool) -> float 
     finite = lambda v: v == v and abs(v) != float("inf")
     sign = 1 if higher_is_better else -1
     return min(values, key=lambda lr: (not finite(values[lr]), -sign * values[lr] if finite(values[lr]) else 0, lr))
+
+
+def round_lr(lr: float) -> float:
+    """A learning rate to two significant digits (what a run folder's name shows)."""
+    return float(f"{lr:.2g}")
+
+
+def lr_grid(lrs: tuple[float, ...], value, higher_is_better: bool, extensions: int) -> tuple[float, ...]:
+    """An entry's learning rates: the task's `lrs` (ascending), then, while the best of them (by `value(lr)`: the
+    selection value, None while that run is unfinished) sits at an edge of the grid, one more rate beyond that
+    edge at the grid's ratio there, at most `extensions` times; the grid stops growing at an unfinished run."""
+    grid = sorted(lrs)
+    for _ in range(extensions if len(grid) > 1 else 0):
+        best = best_lr({lr: value(lr) for lr in grid}, higher_is_better)
+        if best == grid[-1]:
+            grid.append(round_lr(grid[-1] ** 2 / grid[-2]))
+        elif best == grid[0]:
+            grid.insert(0, round_lr(grid[0] ** 2 / grid[1]))
+        else:  # interior, or pending
+            break
+    return tuple(grid)
+
+
+def at_edge(grid: tuple[float, ...], best: float | None) -> bool:
+    """Whether the best learning rate sits at an edge of a grid of two or more (the optimum may lie beyond)."""
+    return len(grid) > 1 and best in (grid[0], grid[-1])
 
 
 def mean_range(values: list[float]) -> tuple[float, float, float]:

@@ -19,7 +19,16 @@ from tqdm import tqdm
 from experiments.compare.evaluate import evaluate_run
 from experiments.compare.models import compose_config, config_yaml, entry_overrides, lm_cache_bytes, matched_window
 from experiments.compare.presets import Preset
-from experiments.compare.protocol import Run, best_lr, in_part, seeds_of, selected, sweep_runs, trained_entry
+from experiments.compare.protocol import (
+    Run,
+    best_lr,
+    in_part,
+    lr_grid,
+    seeds_of,
+    selected,
+    sweep_runs,
+    trained_entry,
+)
 from experiments.compare.runs import (
     CONFIG,
     METRICS,
@@ -82,14 +91,38 @@ def train_run(preset: Preset, run: Run, runs: Path) -> dict:
     return summary
 
 
-def lr_choice(preset: Preset, runs: Path, task: str, entry: str) -> float | None:
-    """The entry's best learning rate on `task` from its finished sweep runs, or None while any is unfinished."""
+def sweep_value(preset: Preset, runs: Path, task: str, entry: str, lr: float) -> float | None:
+    """The selection value of the entry's first-seed run at `lr` (None while unfinished)."""
     spec = preset.tasks[task]
-    values = {}
-    for lr in spec.lrs:
-        summary = read_json(Run(task, entry, lr, spec.seeds[0]).folder(runs) / SUMMARY)
-        values[lr] = None if summary is None else selection_value(summary, task)
-    return best_lr(values, METRICS[spec.data].higher_is_better)
+    summary = read_json(Run(task, entry, lr, spec.seeds[0]).folder(runs) / SUMMARY)
+    return None if summary is None else selection_value(summary, spec.data)
+
+
+def entry_lrs(preset: Preset, runs: Path, task: str, entry: str) -> tuple[float, ...]:
+    """The trained entry's learning rates on `task`: the task's grid, extended past an edge where its best sits
+    (protocol.lr_grid) as far as its finished runs say."""
+    spec = preset.tasks[task]
+    value = lambda lr: sweep_value(preset, runs, task, entry, lr)
+    return lr_grid(spec.lrs, value, METRICS[spec.data].higher_is_better, spec.lr_extensions)
+
+
+def lr_choice(preset: Preset, runs: Path, task: str, entry: str) -> float | None:
+    """The entry's best learning rate on `task` from its finished sweep runs, or None while any is unfinished
+    (its grid's extensions included)."""
+    values = {lr: sweep_value(preset, runs, task, entry, lr) for lr in entry_lrs(preset, runs, task, entry)}
+    return best_lr(values, METRICS[preset.tasks[task].data].higher_is_better)
+
+
+def extension_runs(preset: Preset, runs: Path) -> list[Run]:
+    """Every trained entry's first-seed runs at the learning rates its grid's extensions added."""
+    return [
+        Run(task, entry, lr, spec.seeds[0])
+        for task, spec in preset.tasks.items()
+        for entry in preset.task_entries(task)
+        if preset.entries[entry].trained
+        for lr in entry_lrs(preset, runs, task, entry)
+        if lr not in spec.lrs
+    ]
 
 
 def best_runs(preset: Preset, runs: Path) -> list[Run] | None:
@@ -119,10 +152,13 @@ def test_run(preset: Preset, run: Run, runs: Path) -> dict:
 
 
 def stage_jobs(preset: Preset, runs: Path, stage: str) -> list[Run]:
-    """The jobs of `stage` that can run now: the whole sweep; the other seeds of headline entries whose sweep is
-    done; the test eval of every best-lr run whose training is done."""
+    """The jobs of `stage` that can run now: the whole sweep; the grid extensions the finished sweeps ask for; the
+    other seeds of headline entries whose sweep is done; the test eval of every best-lr run whose training is
+    done."""
     if stage == "sweep":
         return sweep_runs(preset)
+    if stage == "extend":
+        return [r for r in extension_runs(preset, runs) if not (r.folder(runs) / SUMMARY).exists()]
     best = best_runs(preset, runs)
     if stage == "seeds":
         return [r for r in best if preset.entries[r.entry].trained and r.seed != preset.tasks[r.task].seeds[0]]
@@ -136,7 +172,7 @@ def part_key(stage: str, index: int, run: Run) -> int:
     return index if stage == "sweep" else zlib.crc32(f"{run.task}/{run.entry}/{run.seed}".encode())
 
 
-STAGES = {"sweep": train_run, "seeds": train_run, "test": test_run}
+STAGES = {"sweep": train_run, "extend": train_run, "seeds": train_run, "test": test_run}
 
 
 def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, int]:
@@ -163,6 +199,8 @@ def collect(preset: Preset, runs: Path) -> dict:
     tasks = {}
     for task, spec in preset.tasks.items():
         cfg = compose_config(run_overrides(preset, Run(task, "power", spec.lrs[0], spec.seeds[0])))
+        configs = {e: compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in preset.task_entries(task)}
+        lengths = [s * cfg.data.seq_len for s in spec.test_scales]
         tasks[task] = {
             "data": spec.data,
             "seq_len": cfg.data.seq_len,
@@ -174,13 +212,17 @@ def collect(preset: Preset, runs: Path) -> dict:
             "lrs": list(spec.lrs),
             "seeds": list(spec.seeds),
             "entries": list(preset.task_entries(task)),
-            "cache_bytes": {
-                e: lm_cache_bytes(compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))), cfg.data.seq_len)
-                for e in preset.task_entries(task)
-            },
+            "entry_lrs": {e: list(entry_lrs(preset, runs, task, e)) for e in configs if preset.entries[e].trained},
+            "cache_bytes": {e: lm_cache_bytes(c, cfg.data.seq_len) for e, c in configs.items()},
+            "cache_bytes_by_length": {  # a frontier task's x axis at each test length (a KV cache grows with it)
+                e: {str(L): lm_cache_bytes(c, L) for L in lengths} for e, c in configs.items()
+            }
+            if task in preset.frontier_tasks
+            else {},
         }
     records = []
-    candidates = {(r.task, r.entry, r.lr, r.seed): r for r in [*sweep_runs(preset), *(best_runs(preset, runs) or [])]}
+    every = [*sweep_runs(preset), *extension_runs(preset, runs), *(best_runs(preset, runs) or [])]
+    candidates = {(r.task, r.entry, r.lr, r.seed): r for r in every}
     for run in candidates.values():
         folder = run.folder(runs)
         records.append(
@@ -197,4 +239,5 @@ def collect(preset: Preset, runs: Path) -> dict:
         for name, e in preset.entries.items()
     }
     roles = {"headline": list(preset.headline), "ablations": list(preset.ablations), "frontier": list(preset.frontier)}
+    roles["frontier_tasks"] = list(preset.frontier_tasks)
     return {"tasks": tasks, "entries": entries, "roles": roles, "runs": records, "runs_dir": str(runs)}

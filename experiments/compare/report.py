@@ -124,7 +124,8 @@ def write_report(data: Path, out: Path, op_speed: Path | None = Path("results/op
         for task in res.tasks:
             lines += task_section(res, task, data, rel)
         lines += ablation_section(res, _role_task(res, "ablations"))
-        lines += frontier_section(res, _role_task(res, "frontier"), data, rel)
+        frontier_tasks = res.frontier_tasks() or [t for t in [_role_task(res, "frontier")] if t]
+        lines += frontier_section(res, frontier_tasks, data, rel)
         lines += position_section(res, data, rel) + lr_section(res) + curves_section(res, data, rel)
         lines += runs_appendix(res)
     out.write_text("\n".join(lines))

@@ -1,6 +1,7 @@
-"""The ablation table and the recall-memory frontier of the comparison report (Zoology's figure): MQAR accuracy
-against decode-state bytes per sequence at the task's length, for softmax's KV cache (float and quantized),
-windows, power retention at several degrees and head dims, and the hybrids.
+"""The ablation table and the recall-memory frontier of the comparison report (Zoology's figure, one panel per
+training length): MQAR accuracy at each test length (1x-16x) against decode-state bytes per sequence there, for
+softmax's KV cache (float and quantized), windows, power retention at several degrees and head dims, the other
+fixed-state mixers and the hybrids; and at which lengths a fixed state beats the 4-bit KV cache.
 """
 
 from pathlib import Path
@@ -43,46 +44,107 @@ def frontier_entries(res: Results, task: str) -> list[str]:
     return [e for e in dict.fromkeys(names) if e in res.tasks[task]["entries"]]
 
 
-def frontier_section(res: Results, task: str | None, figdir: Path, rel: str) -> list[str]:
-    """The frontier's table and log-x plot: accuracy at the training length against decode-state bytes there."""
-    if task is None:
+def frontier_lengths(res: Results, task: str) -> list[int]:
+    """The lengths the frontier of `task` is read at: its test lengths with cache bytes (else its training one)."""
+    by_length = res.tasks[task].get("cache_bytes_by_length") or {}
+    lengths = sorted({int(L) for bytes_at in by_length.values() for L in bytes_at})
+    return lengths or [res.tasks[task]["seq_len"]]
+
+
+def state_bytes(res: Results, task: str, entry: str, L: int) -> int:
+    """The entry's decode-state bytes per sequence at length L."""
+    by_length = res.tasks[task].get("cache_bytes_by_length") or {}
+    return res.cache_bytes(task, entry, L) if by_length else res.cache_bytes(task, entry)
+
+
+def fixed_state_verdicts(res: Results, task: str, lengths: list[int]) -> list[str]:
+    """For each entry whose state does not grow over the lengths (a fixed state, or a window past its width):
+    the lengths at which it beats the 4-bit KV cache (higher accuracy, no more bytes), ties it, and those where
+    it does not (and why). Empty without a 4-bit cache entry."""
+    kv4 = next((e for e in frontier_entries(res, task) if res.entries[e]["kv_cache_bits"] == 4), None)
+    if kv4 is None:
         return []
-    t = res.tasks[task]
-    T = t["seq_len"]
-    points = []
+    out = []
     for entry in frontier_entries(res, task):
-        points.append((entry, res.cache_bytes(task, entry), res.cell(task, entry, T)))
-    points.sort(key=lambda p: p[1])
-    rows = [[label(e, res.layer_kinds(task, e)), human_bytes(b), f"{b:,}", c.text()] for e, b, c in points]
-    fig = Figure(figsize=(7.5, 4.8))
-    ax = fig.subplots()
-    for entry, nbytes, cell in points:
-        if cell.n:
-            err = [[cell.below], [cell.above]]
-            ax.errorbar([nbytes], [cell.mean], yerr=err, fmt="o", capsize=3, color=color(entry))
-            ax.annotate(
-                label(entry, res.layer_kinds(task, entry)),
-                (nbytes, cell.mean),
-                fontsize=6,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
-    if t["num_kv_pairs"]:
-        ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
-        ax.axhline(2 / t["vocab_size"], color="k", ls=":", lw=1, label=f"chance (1 of {t['vocab_size'] // 2} values)")
-        ax.legend(fontsize=7)
-    ax.set(xscale="log", xlabel=f"decode-state bytes per sequence at T={T} (log)", ylabel="test accuracy at T")
-    ax.set_title(f"{task}: recall against memory (T={T}, {t['num_kv_pairs']} pairs)")
-    ax.grid(alpha=0.3, which="both")
-    return [
-        f"## The frontier: {task} accuracy against decode-state bytes at T={tokens(T)}",
+        sizes = {L: state_bytes(res, task, entry, L) for L in lengths}
+        if res.entries[entry]["kv_cache_bits"] is not None or len(set(sizes.values())) > 1:
+            continue
+        beats, ties, below, larger, pending = [], [], [], [], []
+        for L in lengths:
+            own, cache = res.cell(task, entry, L), res.cell(task, kv4, L)
+            if not (own.n and cache.n):
+                pending.append(L)
+            elif sizes[L] > state_bytes(res, task, kv4, L):
+                larger.append(L)
+            elif own.mean > cache.mean:
+                beats.append(L)
+            elif own.mean == cache.mean:
+                ties.append(L)
+            else:
+                below.append(L)
+        parts = [
+            f"beats it at {_lengths(beats)}" if beats else "beats it at no length",
+            *([f"ties at {_lengths(ties)}"] if ties else []),
+            *([f"below its accuracy at {_lengths(below)}"] if below else []),
+            *([f"more bytes than the cache at {_lengths(larger)}"] if larger else []),
+            *([f"pending at {_lengths(pending)}"] if pending else []),
+        ]
+        state = human_bytes(next(iter(sizes.values())))
+        out.append(f"- {label(entry, res.layer_kinds(task, entry))}, {state} at every length: " + "; ".join(parts))
+    return out
+
+
+def _lengths(lengths: list[int]) -> str:
+    return ", ".join(tokens(L) for L in lengths)
+
+
+def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> list[str]:
+    """The frontier of each training length (one task each): test accuracy at each test length against the
+    decode-state bytes there (a table, one panel of a log-x plot per training length), and where each fixed
+    state beats the 4-bit KV cache of no fewer bytes."""
+    if not tasks:
+        return []
+    fig = Figure(figsize=(6.5 * len(tasks), 4.8))
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    out = [
+        "## The frontier: recall against decode-state bytes, by training length",
         "",
-        "Bytes per sequence of the decode caches at the training length (a KV cache grows with it, a power state "
-        "does not); the quantized caches (`softmax_kv8`, `softmax_kv4`: int8 and 4-bit keys and values, a bfloat16 "
-        "scale per 16) are softmax's trained runs decoded through that cache.",
-        "",
-        md_table(["model (layers)", "state bytes", "exact", f"accuracy @{tokens(T)}"], rows),
-        "",
-        f"![frontier]({rel}/{save(fig, figdir / 'frontier.png')})",
+        "Bytes per sequence of the decode caches at each test length (a KV cache grows with it; a fixed state, or "
+        "a window past its width, does not); the quantized caches (`softmax_kv8`, `softmax_kv4`: int8 and 4-bit "
+        "keys and values, a bfloat16 scale per 16) are softmax's trained runs decoded through that cache. A fixed "
+        "state *beats* the 4-bit cache at a length where its test accuracy is above the cache's with no more bytes "
+        "(the same accuracy: a tie).",
         "",
     ]
+    for ax, task in zip(axes, tasks):
+        t, lengths = res.tasks[task], frontier_lengths(res, task)
+        entries = sorted(frontier_entries(res, task), key=lambda e: state_bytes(res, task, e, lengths[0]))
+        rows = []
+        for entry in entries:
+            cells = [res.cell(task, entry, L) for L in lengths]
+            sizes = [state_bytes(res, task, entry, L) for L in lengths]
+            row = [label(entry, res.layer_kinds(task, entry)), human_bytes(sizes[0]), human_bytes(sizes[-1])]
+            rows.append(row + [c.text() for c in cells])
+            drawn = [(b, c) for b, c in zip(sizes, cells) if c.n]
+            if drawn:
+                xs, ys = [b for b, _ in drawn], [c.mean for _, c in drawn]
+                err = [[c.below for _, c in drawn], [c.above for _, c in drawn]]
+                name = label(entry, res.layer_kinds(task, entry))
+                ax.errorbar(xs, ys, yerr=err, fmt="o-", ms=3, lw=1, capsize=2, color=color(entry), label=name)
+        if t["num_kv_pairs"]:
+            ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
+        ax.set(xscale="log", xlabel="decode-state bytes per sequence at the eval length (log)", ylabel="test accuracy")
+        ax.set_title(f"{task}: trained at T={t['seq_len']}, evaluated at {_lengths(lengths)}", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+        header = ["model (layers)", f"bytes @{tokens(lengths[0])}", f"bytes @{tokens(lengths[-1])}"]
+        header += [f"@{tokens(L)}" for L in lengths]
+        out += [
+            f"### {task}: trained at T={tokens(t['seq_len'])}, test {res.metric(task).labels[0]}",
+            "",
+            md_table(header, rows),
+            "",
+        ]
+        if verdicts := fixed_state_verdicts(res, task, lengths):
+            out += ["Fixed states against the 4-bit KV cache:", "", *verdicts, ""]
+    return out + [f"![frontier]({rel}/{save(fig, figdir / 'frontier.png')})", ""]

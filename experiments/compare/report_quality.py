@@ -7,6 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from experiments.compare.protocol import at_edge
 from experiments.compare.results import Results
 from experiments.compare.runs import position_losses, train_loss_curve
 from experiments.formatting import md_table, tokens
@@ -54,7 +55,8 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
         summary = res.summary(task, entry)
         params = f"{summary['params']:,}" if summary else "?"
         cells = [res.cell(task, entry, L).text() for L in lengths]
-        rows.append([label(entry, res.layer_kinds(task, entry)), params, lr_text(res.best_lr(task, entry)), *cells])
+        best = lr_text(res.best_lr(task, entry))
+        rows.append([label(entry, res.layer_kinds(task, entry)), params, best, stop_text(res, task, entry), *cells])
     some = next((r["test"][str(lengths[0])] for r in res.quality["runs"] if r["task"] == task and r["test"]), {})
     name = metric.label(some)
     fig = Figure(figsize=(6.5, 4.2))
@@ -74,7 +76,7 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
     log_ticks(ax, lengths)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    header = ["model (layers)", "params", "best lr", *(f"@{tokens(L)}" for L in lengths)]
+    header = ["model (layers)", "params", "best lr", "steps (converged)", *(f"@{tokens(L)}" for L in lengths)]
     return [
         f"### {task}: test {name} (mean (range) over seeds)",
         "",
@@ -85,6 +87,18 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
     ]
 
 
+def stop_text(res: Results, task: str, entry: str) -> str:
+    """Where the entry's best-lr runs stopped (summary.json's stopped_at, steps) and how many of them converged
+    under the rule rather than reaching the cap; "-" before they trained or for a run without the rule's keys."""
+    summaries = [r["summary"] for r in res.best_runs(task, res.trained(entry)) if r["summary"]]
+    runs = [s for s in summaries if "stopped_at" in s]
+    if not runs:
+        return "-"
+    steps = sorted(s["stopped_at"] for s in runs)
+    span = f"{steps[0]}" if steps[0] == steps[-1] else f"{steps[0]}-{steps[-1]}"
+    return f"{span} ({sum(s['stop_reason'] == 'converged' for s in runs)}/{len(runs)})"
+
+
 def sweep_cell(value: float | None, best: bool) -> str:
     """One run's selection value, in bold when its lr is the entry's best."""
     return "pending" if value is None else (f"**{value:.3f}**" if best else f"{value:.3f}")
@@ -92,13 +106,23 @@ def sweep_cell(value: float | None, best: bool) -> str:
 
 def lr_section(res: Results) -> list[str]:
     """Each entry's selection metric at each learning rate (the best in bold)."""
-    out = ["## Learning-rate sweeps (selection split, first seed)", ""]
+    out = [
+        "## Learning-rate sweeps (selection split, first seed)",
+        "",
+        "A best lr at the edge of the task's grid extended the entry's grid one step beyond it (columns outside the "
+        "task's grid; `-`: not run for that entry); `edge` flags a best still at its grid's edge, where the optimum "
+        "may lie further out.",
+        "",
+    ]
     for task, t in res.tasks.items():
+        trained = [e for e in t["entries"] if res.entries[e]["kv_cache_bits"] is None]
+        columns = sorted({lr for e in trained for lr in res.lrs(task, e)} | set(t["lrs"]))
         rows = []
-        for entry in (e for e in t["entries"] if res.entries[e]["kv_cache_bits"] is None):
-            best = res.best_lr(task, entry)
-            rows.append([entry, *(sweep_cell(v, lr == best) for lr, v in res.sweep(task, entry).items())])
-        out += [f"{task}:", "", md_table(["entry", *(f"lr {lr:g}" for lr in t["lrs"])], rows), ""]
+        for entry in trained:
+            best, values = res.best_lr(task, entry), res.sweep(task, entry)
+            cells = [sweep_cell(values[lr], lr == best) if lr in values else "-" for lr in columns]
+            rows.append([entry, *cells, "edge" if at_edge(tuple(res.lrs(task, entry)), best) else ""])
+        out += [f"{task}:", "", md_table(["entry", *(f"lr {lr:g}" for lr in columns), "best"], rows), ""]
     return out
 
 

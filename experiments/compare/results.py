@@ -54,11 +54,16 @@ class Results:
     def metric(self, task: str):
         return METRICS[self.tasks[task]["data"]]
 
+    def lrs(self, task: str, entry: str) -> list[float]:
+        """The entry's learning rates: the task's grid with the extensions its best asked for."""
+        t = self.tasks[task]
+        return t.get("entry_lrs", {}).get(self.trained(entry), t["lrs"])
+
     def sweep(self, task: str, entry: str) -> dict[float, float | None]:
         """{lr: selection value (trainer eval at 1x) of the first seed's run, None where not finished}."""
         seed = self.tasks[task]["seeds"][0]
         out = {}
-        for lr in self.tasks[task]["lrs"]:
+        for lr in self.lrs(task, entry):
             run = self.runs.get((task, self.trained(entry), lr, seed))
             summary = run and run["summary"]
             out[lr] = None if summary is None else selection_value(summary, self.tasks[task]["data"])
@@ -104,6 +109,13 @@ class Results:
             return Cell(note="; ".join(sorted(notes)) or "pending")
         return Cell(*mean_range(values), n=len(values))
 
-    def cache_bytes(self, task: str, entry: str) -> int:
-        """The entry's decode-cache bytes for one sequence at the task's training length."""
-        return self.tasks[task]["cache_bytes"][entry]
+    def cache_bytes(self, task: str, entry: str, length: int | None = None) -> int:
+        """The entry's decode-cache bytes for one sequence at `length` (None: the task's training length; other
+        lengths: a frontier task's test lengths)."""
+        if length is None:
+            return self.tasks[task]["cache_bytes"][entry]
+        return self.tasks[task]["cache_bytes_by_length"][entry][str(length)]
+
+    def frontier_tasks(self) -> list[str]:
+        """The tasks the frontier is read on, one per training length."""
+        return self.roles.get("frontier_tasks", [])

@@ -25,6 +25,7 @@ from omegaconf import MISSING, OmegaConf
 
 from retention.data import TASKS, Dataset
 from retention.nn import LMConfig, size_config
+from retention.train.convergence import METRIC_CHOICES
 from retention.validation import check_choice, check_int, check_number
 
 
@@ -120,8 +121,22 @@ class OptimConfig:
 
 
 @dataclass
+class EarlyStopConfig:
+    """The convergence rule (retention/train/convergence.py) on the trainer's eval at the training length: stop
+    once `metric` has not improved by more than `min_delta` for `patience` evals (trainer.eval_every) in a row,
+    never before step `min_step`; trainer.steps is the cap (the lr schedule decays over it). patience 0: off.
+    metric None: the task's (accuracy for mqar, passkey and copy; loss for text)."""
+
+    patience: int = 0
+    min_delta: float = 0.0
+    min_step: int = 0
+    metric: str | None = None
+
+
+@dataclass
 class TrainerConfig:
-    """Steps, logging, evaluation (at seq_len times each of eval_scales), checkpoints and throughput accounting."""
+    """Steps (the cap when early_stop is on), logging, evaluation (at seq_len times each of eval_scales),
+    checkpoints and throughput accounting."""
 
     steps: int = 1000
     log_every: int = 10
@@ -133,6 +148,7 @@ class TrainerConfig:
     peak_flops: float = 3e11  # FLOP/s of the machine: the dev machine's measured matmul rate (PERF_LOG.md)
     cache_len: int = 65536  # the length at which the summary reports cache bytes
     progress: bool = True
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
 
 
 @dataclass
@@ -243,6 +259,34 @@ def check_optim_trainer(optim: OptimConfig, trainer: TrainerConfig) -> None:
         raise ValueError("trainer.eval_scales must list at least one multiple of data.seq_len, got []")
     for scale in trainer.eval_scales:
         check_int("trainer.eval_scales[i]", scale)
+    check_early_stop(trainer)
+
+
+def check_early_stop(trainer: TrainerConfig) -> None:
+    """Value checks of trainer.early_stop (ValueError naming the key): the rule needs evals during the run
+    (trainer.eval_every) at the training length (scale 1 in trainer.eval_scales)."""
+    rule = trainer.early_stop
+    check_int("trainer.early_stop.patience", rule.patience, low=0)
+    check_number("trainer.early_stop.min_delta", rule.min_delta, low=0)
+    check_int("trainer.early_stop.min_step", rule.min_step, low=0)
+    if rule.metric is not None:
+        check_choice("trainer.early_stop.metric", rule.metric, METRIC_CHOICES)
+    if not rule.patience:
+        return
+    if not trainer.eval_every:
+        raise ValueError(
+            f"trainer.early_stop.patience={rule.patience} needs evals during the run: set trainer.eval_every > 0 "
+            "(it is 0: only at the end)"
+        )
+    if 1 not in trainer.eval_scales:
+        raise ValueError(
+            "trainer.early_stop.patience > 0 judges the eval at the training length: trainer.eval_scales must "
+            f"include 1, got {trainer.eval_scales}"
+        )
+    if rule.min_step >= trainer.steps:
+        raise ValueError(
+            f"trainer.early_stop.min_step must be below trainer.steps={trainer.steps} (the cap), got {rule.min_step}"
+        )
 
 
 SEED_LIMIT = 2**32  # jax.random.key keeps 32 bits of a seed: larger seeds would repeat smaller ones
@@ -257,6 +301,8 @@ def build(cfg: Config, run_dir: str | None = None) -> tuple[LMConfig, Dataset]:
     check_folder_name("model.name", cfg.model.name)
     check_optim_trainer(cfg.optim, cfg.trainer)
     dataset = make_dataset(cfg.data, cfg.seed, run_dir)
+    if cfg.trainer.early_stop.metric == "bits_per_byte" and cfg.data.task != "text":
+        raise ValueError(f"trainer.early_stop.metric='bits_per_byte' is a text metric, the task is {cfg.data.task!r}")
     for scale in cfg.trainer.eval_scales:
         dataset.check_length(f"data.seq_len * trainer.eval_scales[i] (scale {scale})", scale * cfg.data.seq_len)
     return make_lm_config(cfg.model, dataset.vocab_size), dataset

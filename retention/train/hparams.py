@@ -45,6 +45,7 @@ def run_hparams(cfg: Config, lm: LMConfig, n_params: int, overrides: dict | None
         "optim.weight_decay": cfg.optim.weight_decay,
         "optim.warmup_steps": cfg.optim.warmup_steps,
         "trainer.steps": cfg.trainer.steps,
+        "trainer.early_stop.patience": cfg.trainer.early_stop.patience,
         "seed": cfg.seed,
     }
     lengths = {f"eval_len.x{s}": s * T for s in cfg.trainer.eval_scales}

@@ -7,6 +7,11 @@ an uninterrupted run would. A run folder holds one run (retention/train/record.p
 model, data, optimizer or seed, or with trainer.steps below its newest checkpoint, stops before any work.
 SIGTERM, SIGINT or SIGUSR2 saves a checkpoint after the current step and exits with 128 + the signal number
 (retention/train/signals.py); a non-finite loss stops the run (NonFiniteLoss) without writing a checkpoint.
+With trainer.early_stop.patience > 0 the run stops, with a checkpoint, at the eval where the convergence rule
+says it has converged (retention/train/convergence.py); every checkpoint keeps the eval history, so a resumed run
+counts on from it, and a converged run resumed again trains no further. summary.json says why the run stopped
+(`stop_reason`: "converged" or "steps", the cap), at which step, and where its eval curve crossed 0.5 and 0.9 of
+its final value.
 
 The same loop runs on one device or many (retention/parallel): it joins a multi-host job when there is one,
 builds the `mesh` config's (data, fsdp, sequence) mesh over all devices, makes the state FSDP-sharded and feeds
@@ -35,6 +40,7 @@ from retention.parallel import batch_sharding, check_batch, initialize_distribut
 from retention.parallel import state_shardings as fsdp_shardings
 from retention.train.checkpoint import Checkpoints
 from retention.train.config import Config, build
+from retention.train.convergence import DEFAULT_METRIC, EvalHistory
 from retention.train.evaluate import evaluate_scales
 from retention.train.hparams import metric_tags, run_hparams
 from retention.train.lock import RunLock
@@ -91,14 +97,37 @@ class Session:
     progress: Progress
     schedule: Callable  # step -> learning rate
     eval_step: Callable
+    history: EvalHistory  # the convergence rule's metric at each eval
+    last_evals: tuple[int, dict] | None = None  # (step, evals) of the latest eval
 
     def evaluate(self, step: int, params) -> dict[int, dict[str, float]]:
-        """Evaluate at every eval scale and write each metric as eval/x{scale}/{name} at `step`."""
+        """Evaluate at every eval scale and write each metric as eval/x{scale}/{name} at `step`; the rule's metric
+        at the training length joins the eval history."""
         evals = evaluate_scales(self.eval_step, params, self.cfg, self.dataset, self.put)
         tokens = step * self.cfg.data.batch_size * self.cfg.data.seq_len
         for scale, values in evals.items():
             self.writer.scalars(step, values, f"eval/x{scale}", tokens=tokens)
+        if 1 in evals:
+            self.history.add(step, evals[1][self.history.metric])
+        self.last_evals = step, evals
         return evals
+
+    def final_evals(self, step: int, params) -> dict[int, dict[str, float]]:
+        """The evals at `step`, the run's last: the loop's own when it evaluated there, else made now."""
+        if self.last_evals is not None and self.last_evals[0] == step:
+            return self.last_evals[1]
+        return self.evaluate(step, params)
+
+    def checkpoint_record(self) -> dict:
+        """What a checkpoint keeps beside the state: the progress and the eval history."""
+        return {**self.progress.record(), **self.history.record()}
+
+
+def eval_history(cfg: Config, saved: dict) -> EvalHistory:
+    """The run's eval history under trainer.early_stop's rule, continued from a checkpoint's record `saved`."""
+    rule = cfg.trainer.early_stop
+    metric = rule.metric or DEFAULT_METRIC[cfg.data.task]
+    return EvalHistory(metric, rule.patience, rule.min_delta, rule.min_step, saved)
 
 
 def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardings, record: dict, init_state):
@@ -177,9 +206,12 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: d
         )
         put = functools.partial(put_batch, sharding=batch_sharding(mesh))
         progress = Progress(B * T, training_flops_per_token(lm, T), cfg.trainer.peak_flops, saved_progress)
-        session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, make_eval_step(graphdef, mesh=mesh))
-        traces, compile_s = TraceCount(), None
-        if start < steps:
+        history = eval_history(cfg, saved_progress)
+        eval_step = make_eval_step(graphdef, mesh=mesh)
+        session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, eval_step, history)
+        stopped = history.stopped_step()  # a run the rule stopped has nothing left to train
+        traces, compile_s, final = TraceCount(), None, steps if stopped is None else max(stopped, start)
+        if start < final:
             train_step = make_train_step(
                 graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
             )
@@ -192,12 +224,12 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: d
             compile_s = time.perf_counter() - t0
             log.info("compiled the train step in %.1f s", compile_s)
             writer.scalars(start, {"compile_s": compile_s}, "perf")
-            state = _loop(session, compiled, state, start)
+            state, final = _loop(session, compiled, state, start)
         if traces.count > 1:
             log.error(
                 "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
             )
-        evals = session.evaluate(steps, state["params"])
+        evals = session.final_evals(final, state["params"])
         ckpt.wait()  # the summary says the run is done: its last checkpoint is on disk
         summary = {
             "model": cfg.model.name,
@@ -209,8 +241,9 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: d
             "task": cfg.data.task,
             "seq_len": T,
             "batch_size": B,
-            "steps": steps,
-            "tokens_seen": steps * B * T,
+            "steps": final,
+            "tokens_seen": final * B * T,
+            **history.summary(steps),
             "resumed_from": start,
             "started_over": started_over,  # each start from step 0 because every checkpoint was damaged
             "final_loss": evals[cfg.trainer.eval_scales[0]]["loss"],
@@ -232,8 +265,9 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: d
 
 
 def _loop(session: Session, compiled, state, start: int):
-    """Steps start+1 .. trainer.steps; returns the final state. Checkpoints on Orbax's policy, at a stop signal or
-    preemption sync point (then exits), and at the end."""
+    """Steps start+1 .. trainer.steps, or until the convergence rule stops the run; returns the final state and
+    its step. Checkpoints on Orbax's policy, at a stop signal or preemption sync point (then exits), at the rule's
+    stop and at the end."""
     cfg, ckpt, writer, progress = session.cfg, session.ckpt, session.writer, session.progress
     tokens_per_step, steps = cfg.data.batch_size * cfg.data.seq_len, cfg.trainer.steps
     batches = prefetch(session.dataset.batch, start, steps, size=cfg.data.prefetch)
@@ -258,22 +292,27 @@ def _loop(session: Session, compiled, state, start: int):
                         "step %d: loss %.4f accuracy %.3f grad_norm %.3f %.0f tok/s",
                         *(done, mean["loss"], mean["accuracy"], mean["grad_norm"], perf["tokens_per_s"]),
                     )
-                if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0 and done < steps:
+                converged = False
+                if cfg.trainer.eval_every and done % cfg.trainer.eval_every == 0:  # before the save: its history
                     with progress.paused(state):
                         session.evaluate(done, state["params"])
-                if stopping or done == steps or ckpt.should_save(done):
+                    converged = session.history.stopped_step() == done
+                if stopping or converged or done == steps or ckpt.should_save(done):
                     with progress.paused(state):
                         progress.fetch(done)  # a NaN loss is never checkpointed
                         bar.arrived()
                         with jax.transfer_guard_device_to_host("allow"):  # Orbax copies the state to the host
-                            ckpt.save(done, state, progress=progress.record())  # refuses NaN or inf parameters
+                            ckpt.save(done, state, progress=session.checkpoint_record())  # refuses NaN or inf
                 if stopping:
                     log.warning("stop requested: saved the checkpoint at step %d in %s; exiting", done, ckpt.directory)
                     stop.exit()
+                if converged:
+                    log.info("converged at step %d (trainer.early_stop): stopped before the cap %d", done, steps)
+                    return state, done
     except FloatingPointError as e:
         latest = ckpt.steps()[-1] if ckpt.steps() else None
         raise NonFiniteLoss(f"{e}: stopped; the last good checkpoint is step {latest} in {ckpt.directory}") from None
     finally:
         bar.close()
         batches.close()
-    return state
+    return state, steps

@@ -17,7 +17,15 @@ import os
 import jax
 
 from retention.nn import LMConfig
-from retention.train.config import DATA_SCHEMAS, Config, MeshConfig, ModelConfig, OptimConfig, TrainerConfig
+from retention.train.config import (
+    DATA_SCHEMAS,
+    Config,
+    EarlyStopConfig,
+    MeshConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainerConfig,
+)
 
 RECORD_FILE = "run.json"
 MAY_CHANGE = ("trainer.", "mesh.", "data.prefetch", "model.retention_impl", "model.attention_impl")
@@ -39,13 +47,14 @@ def config_dict(cfg: Config) -> dict:
 
 def config_from_dict(d: dict) -> Config:
     """The Config that `config_dict` wrote (keys a newer LMConfig added take their defaults)."""
-    data = dict(d["data"])
+    data, trainer = dict(d["data"]), dict(d["trainer"])
+    trainer["early_stop"] = EarlyStopConfig(**trainer.get("early_stop", {}))  # a record older than the rule: off
     schema = DATA_SCHEMAS[data.pop("task")]
     return Config(
         model=ModelConfig(**d["model"]),
         data=schema(**data),
         optim=OptimConfig(**d["optim"]),
-        trainer=TrainerConfig(**d["trainer"]),
+        trainer=TrainerConfig(**trainer),
         mesh=MeshConfig(**d["mesh"]),
         seed=d["seed"],
     )

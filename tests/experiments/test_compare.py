@@ -51,14 +51,16 @@ MQAR_CASES = [
     (p, t)
     for p in PRESETS.values()
     for t, spec in p.tasks.items()
-    if spec.data == "mqar" and "swa_matched" in p.entries
+    if spec.data == "mqar" and "swa_matched" in p.task_entries(t)
 ]
 
 
 @pytest.mark.parametrize("preset,task", MQAR_CASES, ids=lambda x: x if isinstance(x, str) else x.name)
 def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
     """swa_matched's cache has the power model's bytes less than one token's; its layers' combined reach
-    n_layers * (window - 1 + conv_size - 1) is shorter than every query's distance to its key."""
+    n_layers * (window - 1 + conv_size - 1) is shorter than every query's distance to its key, except on the cpu
+    preset's cell, where head dim 16's state holds a window longer than the sequence (the W entry is the window
+    that reaches no key there: the demo's, test_the_demo_window_reaches_no_key_of_the_far_cell)."""
     spec = preset.tasks[task]
     cfg = {e: compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in ("power", "swa_matched")}
     softmax = compose_config(entry_overrides("softmax", preset, task))
@@ -71,6 +73,9 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
     data = make_dataset(dataclasses.replace(cfg["power"].data, batch_size=64), 0)
     conv = getattr(cfg["swa_matched"].model, "conv_size", 0)  # a short convolution reaches conv_size - 1 back
     reach = cfg["swa_matched"].model.n_layers * (window - 1 + max(conv - 1, 0))
+    if preset.name == "cpu":
+        assert window > cfg["power"].data.seq_len
+        return
     for scale in spec.test_scales:
         L = scale * cfg["power"].data.seq_len
         assert query_distances(data.batch(0, seq_len=L, split="eval"), data.num_kv_pairs).min() > reach

@@ -1,11 +1,12 @@
-"""The convergence rule (experiments/compare/convergence.py) on synthetic curves whose answer is known: a sigmoid
+"""The convergence rule (retention/train/convergence.py) on synthetic curves whose answer is known: a sigmoid
 that leaves a plateau, a plateau that never leaves, a curve still climbing at its cap, noise below min_delta; and
 the learning curve read back from a TensorBoard log."""
 
 import numpy as np
 import pytest
 
-from experiments.compare.convergence import convergence, crossing_steps, learning_curve, stopping_index
+from experiments.compare.convergence import learning_curve
+from retention.train.convergence import convergence, crossing_steps, stopping_index
 from retention.train.metrics import MetricsWriter
 
 

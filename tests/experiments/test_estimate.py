@@ -6,8 +6,17 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.compare.estimate import estimate, eval_job_count, fit, main, trained_jobs
-from experiments.compare.presets import SMOKE
+from experiments.compare.estimate import (
+    earliest_steps,
+    estimate,
+    eval_job_count,
+    extension_job_count,
+    fit,
+    main,
+    trained_jobs,
+)
+from experiments.compare.models import compose_config
+from experiments.compare.presets import CPU, SMOKE
 from experiments.compare.runs import timed
 
 
@@ -19,10 +28,26 @@ def test_fit_recovers_overhead_and_rate():
 
 
 def test_smoke_job_counts():
-    """smoke: 7 trained entries (3 of them the field's mixers on the frontier) x 2 lrs, and 3 headline entries'
-    second seed; tests: 3 headline x 2 seeds, the ablation and the 3 field mixers once, the quantized-cache entry at
-    its base's 2 seeds."""
-    assert len(trained_jobs(SMOKE)) == 7 * 2 + 3 and eval_job_count(SMOKE) == 3 * 2 + 1 + 3 + 2
+    """smoke's mqar: 5 trained entries (Mamba2 on the frontier) x 2 lrs, and 3 headline entries' second seed;
+    tests: 3 headline x 2 seeds, the ablation and Mamba2 once, the quantized-cache entry at its base's 2 seeds. Its
+    mqar_t32 (the frontier's second length): softmax and power x 2 lrs, one seed; tests: those two and the 4-bit
+    cache. One extension at most for each of the 7 trained entries."""
+    assert len(trained_jobs(SMOKE)) == 5 * 2 + 3 + 2 * 2 and eval_job_count(SMOKE) == 3 * 2 + 1 + 1 + 2 + 3
+    assert extension_job_count(SMOKE) == 7
+
+
+def test_earliest_stop_of_the_rule():
+    """cpu's mqar: evals every 50 steps, patience 4, min_step 400: no stop before 400 (patience alone: 250); with
+    the rule off, the cap; never past the cap."""
+    spec = CPU.tasks["mqar"]
+    cfg = compose_config([f"data={spec.data}", *spec.overrides])
+    assert earliest_steps(cfg) == 400
+    cfg.trainer.early_stop.min_step = 0
+    assert earliest_steps(cfg) == 250
+    cfg.trainer.early_stop.patience = 0
+    assert earliest_steps(cfg) == cfg.trainer.steps == 600
+    cfg.trainer.early_stop.patience, cfg.trainer.steps = 40, 300
+    assert earliest_steps(cfg) == 300
 
 
 def made_up_run(folder, steps: int, batch: int, seq_len: int, cpu_s: float) -> None:
@@ -42,13 +67,15 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
         pass
     assert json.loads((tmp_path / "timings.json").read_text())["test"] == {"jobs": 4, "wall_s": 100.0, "cpu_s": 120.0}
     out = estimate(SMOKE, [tmp_path], "cpu_s")
-    tokens = 3 * 4 * 64  # smoke's mqar: 3 steps of 4 x 64 tokens
+    mqar, t32 = 2.0 + 3 * 4 * 64 / 1280, 2.0 + 3 * 4 * 32 / 1280  # 3 steps of 4 x 64 (4 x 32) tokens
     assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
-    assert out["train_s"] == pytest.approx(17 * (2.0 + tokens / 1280))
+    assert out["train_s"] == pytest.approx(11 * mqar + 4 * t32) == out["train_s_earliest"]  # 3 steps: no stop
+    assert out["extend_s_max"] == pytest.approx(4 * mqar + 2 * t32)
     assert out["test_s"] == pytest.approx(12 * 30.0) and out["speed_s"] is None
-    assert out["total_s"] == pytest.approx(out["train_s"] + out["test_s"])
+    assert out["total_s"] == pytest.approx(out["train_s"] + out["extend_s_max"] + out["test_s"])
+    assert out["total_s_earliest"] == pytest.approx(out["train_s"] + out["test_s"])
     made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
-    assert estimate(SMOKE, [tmp_path], "cpu_s")["train_s"] == pytest.approx(17 * 7.0)
+    assert estimate(SMOKE, [tmp_path], "cpu_s")["seconds_per_run"]["mqar"] == pytest.approx(7.0)
 
 
 def test_estimate_from_the_committed_quality_json(tmp_path):

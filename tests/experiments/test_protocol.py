@@ -14,8 +14,18 @@ from flax import nnx
 from experiments.compare import quality
 from experiments.compare.evaluate import _forward_sums, decode_sums, evaluate_run
 from experiments.compare.models import compose_config, config_yaml
-from experiments.compare.presets import SMOKE, TEST_OFFSET, Task
-from experiments.compare.protocol import Run, best_lr, in_part, mean_range, parse_only, parse_part, selected
+from experiments.compare.presets import SMOKE, TEST_OFFSET, Task, with_overrides
+from experiments.compare.protocol import (
+    Run,
+    at_edge,
+    best_lr,
+    in_part,
+    lr_grid,
+    mean_range,
+    parse_only,
+    parse_part,
+    selected,
+)
 from experiments.compare.quality import collect, run_overrides, run_stages, stage_jobs
 from experiments.compare.report import write_report
 from experiments.compare.runs import CONFIG, RECORD, SUMMARY, TEST, load_params
@@ -31,6 +41,23 @@ def test_best_lr_prefers_the_better_then_the_smaller_and_waits_for_all():
     assert best_lr({1e-3: 0.1, 1e-2: math.nan}, higher_is_better=True) == 1e-3  # diverged: never best
     assert best_lr({1e-3: math.nan, 1e-2: math.inf}, higher_is_better=False) == 1e-3
     assert best_lr({1e-3: 0.1, 1e-2: None}, higher_is_better=True) is None  # a run still missing
+
+
+def test_lr_grid_extends_past_the_edge_where_the_best_sits():
+    """A best at the top of 1e-3..1e-2 adds 0.033 (the grid's ratio there, two digits); a second step only when
+    allowed and the best is still at the edge; a loss's best at the bottom adds 0.00033 below; an interior best,
+    a pending run or a one-rate grid adds nothing."""
+    acc = {1e-3: 0.2, 3e-3: 0.4, 1e-2: 0.6, 0.033: 0.7, 0.11: 0.65}
+    base = (1e-3, 3e-3, 1e-2)
+    assert lr_grid(base, acc.get, True, 0) == base
+    assert lr_grid(base, acc.get, True, 1) == (*base, 0.033)
+    assert lr_grid(base, acc.get, True, 3) == (*base, 0.033, 0.11)  # 0.033 best, 0.11 not: it stops there
+    loss = {1e-3: 1.0, 3e-3: 1.5, 1e-2: 2.0}
+    assert lr_grid(base, loss.get, False, 2) == (0.00033, *base)  # 0.00033 not run yet: no further step
+    assert lr_grid(base, {1e-3: 0.2, 3e-3: 0.9, 1e-2: 0.6}.get, True, 2) == base
+    assert lr_grid(base, {1e-3: 0.2, 3e-3: 0.9}.get, True, 2) == base  # 1e-2 pending
+    assert lr_grid((1e-2,), acc.get, True, 2) == (1e-2,)
+    assert at_edge(base, 1e-2) and at_edge(base, 1e-3) and not at_edge(base, 3e-3) and not at_edge((1e-2,), 1e-2)
 
 
 def test_mean_range():
@@ -77,11 +104,23 @@ def test_seeds_wait_for_the_whole_sweep_then_run_at_the_best_lr(tmp_path):
     assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry in ("power_nogate", "softmax_kv4")]
 
 
+def test_a_best_at_the_edge_extends_the_sweep_before_the_seeds(tmp_path):
+    """power's best of 1e-3..1e-2 is 1e-2: the extend stage trains 0.033 (first seed) and the seeds wait for it;
+    once 0.033 is worse, the seeds run at 1e-2 and nothing is left to extend."""
+    for lr, acc in ((1e-3, 0.2), (3e-3, 0.4), (1e-2, 0.6)):
+        fake_summary(Run("mqar", "power", lr, 0).folder(tmp_path), acc)
+    assert [r for r in stage_jobs(FAKE, tmp_path, "extend") if r.entry == "power"] == [Run("mqar", "power", 0.033, 0)]
+    assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power"]
+    fake_summary(Run("mqar", "power", 0.033, 0).folder(tmp_path), 0.5)
+    assert not [r for r in stage_jobs(FAKE, tmp_path, "extend") if r.entry == "power"]
+    assert [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power"] == [Run("mqar", "power", 1e-2, 5)]
+
+
 def test_finished_runs_are_reused_not_retrained(tmp_path, monkeypatch):
     """Folders with summary.json (and test.json) are read back: a call that would train or evaluate fails."""
     for run in stage_jobs(FAKE, tmp_path, "sweep"):
         fake_summary(run.folder(tmp_path), 0.5)
-    for stage in ("seeds", "test"):
+    for stage in ("extend", "seeds", "test"):
         for run in stage_jobs(FAKE, tmp_path, stage):
             fake_summary(run.folder(tmp_path), 0.5)
         for run in stage_jobs(FAKE, tmp_path, stage):
@@ -103,13 +142,17 @@ TINY_TASK = Task(
     test_tokens=256,
     decode_chunk=16,
 )
+TINY_T32 = dataclasses.replace(  # the frontier's second training length: softmax and its 4-bit cache
+    TINY_TASK, overrides=with_overrides(TINY_TASK.overrides, "data.seq_len=32", "data.min_gap=8"), skip=("power", "mamba2")
+)
 TINY = dataclasses.replace(
     SMOKE,
     entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4", "mamba2")},
     headline=("softmax", "power"),
     ablations=(),
     frontier=("softmax_kv4", "mamba2"),  # a registry mixer beside power on the frontier
-    tasks={"mqar": TINY_TASK},
+    frontier_tasks=("mqar", "mqar_t32"),
+    tasks={"mqar": TINY_TASK, "mqar_t32": TINY_T32},
     long_eval_skip={"softmax": "time on this machine"},
 )
 
@@ -118,7 +161,7 @@ TINY = dataclasses.replace(
 def tiny(tmp_path_factory):
     """The tiny comparison run once: its runs folder."""
     runs = tmp_path_factory.mktemp("runs")
-    assert run_stages(TINY, runs) == {"sweep": 0, "seeds": 0, "test": 0}
+    assert run_stages(TINY, runs) == {"sweep": 0, "extend": 0, "seeds": 0, "test": 0}
     return runs
 
 
@@ -170,5 +213,6 @@ def test_collect_and_report(tiny, tmp_path):
     write_report(data, tmp_path / "REPORT.md", op_speed=None)
     text = (tmp_path / "REPORT.md").read_text()
     assert "| softmax (AA) |" in text and "not run: time on this machine" in text
-    assert "## The frontier: mqar accuracy against decode-state bytes at T=64" in text
+    assert "### mqar: trained at T=64" in text and "### mqar_t32: trained at T=32" in text
+    assert "| softmax_kv4 (AA) |" in text[text.index("### mqar_t32") :]
     assert "| mamba2 (MM) |" in text

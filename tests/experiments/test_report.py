@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments.compare.report import write_report
+from experiments.compare.report_frontier import fixed_state_verdicts
 from experiments.compare.results import Cell, Results
 from retention.train.metrics import MetricsWriter
 
@@ -24,7 +25,13 @@ TEST = {  # test accuracy per seed at the best lr: {length: [seed 0, 1, 2]}
     "softmax": {"64": [0.9, 0.8, 1.0], "1024": [0.5, 0.6, 0.7], "4096": "not run: time"},
     "power": {"64": [0.3, 0.2, 0.4], "1024": [0.25, 0.25, 0.25], "4096": [0.2, 0.2, 0.2]},
     "power_nogate": {"64": [0.1], "1024": [0.05], "4096": [0.05]},
-    "softmax_kv4": {"64": [0.85, 0.75, 0.95]},
+    "softmax_kv4": {"64": [0.85, 0.75, 0.95], "1024": [0.2, 0.25, 0.15]},
+}
+BYTES = {  # decode-state bytes at each frontier length: the caches grow, power's state does not
+    "softmax": {"64": 16908, "1024": 262_000},
+    "power": {"64": 5188, "1024": 5188},
+    "power_nogate": {"64": 5188, "1024": 5188},
+    "softmax_kv4": {"64": 3596, "1024": 50_000},
 }
 KINDS = {"softmax": "AA", "power": "PP", "power_nogate": "PP"}
 BEST = {"softmax": 3e-3, "power": 1e-3, "power_nogate": 1e-2, "softmax_kv4": 3e-3}
@@ -59,6 +66,8 @@ def fake_quality(runs_dir: Path) -> dict:
                     "params": 1000 + len(entry),
                     "eval": {"64": {"accuracy": value if seed == 0 else 0.0, "loss": 2.0}},
                 }
+                if entry == "softmax":  # the convergence rule's account: seeds 0 and 1 converged, seed 2 hit the cap
+                    summary.update(stopped_at=8 + 2 * seed, stop_reason="converged" if seed < 2 else "steps")
                 test = made_up_test(entry, seed) if lr == BEST[entry] else None
                 if entry == "softmax" and lr == 1e-3:
                     test = {"64": {"accuracy": 0.0}}  # a test eval off the best lr is never read
@@ -105,9 +114,11 @@ def fake_quality(runs_dir: Path) -> dict:
         "lrs": LRS,
         "seeds": [0, 1, 2],
         "entries": list(entries),
-        "cache_bytes": {"softmax": 16908, "power": 5188, "power_nogate": 5188, "softmax_kv4": 3596},
+        "cache_bytes": {e: b["64"] for e, b in BYTES.items()},
+        "cache_bytes_by_length": BYTES,
     }
     roles = {"headline": ["softmax", "power"], "ablations": ["power_nogate"], "frontier": ["softmax_kv4"]}
+    roles["frontier_tasks"] = ["mqar"]
     machine = {"device": "cpu", "backend": "cpu", "devices": 1, "cpus": 2, "jax": "0", "date": "today"}
     return {
         "preset": "fake",
@@ -168,8 +179,10 @@ def test_cells_are_means_and_ranges_over_the_best_lr_seeds(tmp_path):
 
 def test_report_tables(report):
     text, _ = report
-    assert "| softmax (AA) | 1,007 | 0.003 | 0.900 (0.800-1.000) | 0.600 (0.500-0.700) | not run: time |" in text
-    assert "| power (PP) | 1,005 | 0.001 | 0.300 (0.200-0.400) | 0.250 (0.250-0.250) | 0.200 (0.200-0.200) |" in text
+    softmax = "| softmax (AA) | 1,007 | 0.003 | 8-12 (2/3) | 0.900 (0.800-1.000) | 0.600 (0.500-0.700) | not run: "
+    assert softmax in text  # stopped at 8, 10 (converged) and 12 (the cap)
+    power = "| power (PP) | 1,005 | 0.001 | - | 0.300 (0.200-0.400) | 0.250 (0.250-0.250) | 0.200 (0.200-0.200) |"
+    assert power in text  # summaries without the rule's keys
     assert "| softmax | 0.500 | **0.900** | 0.700 |" in text  # the lr sweep, best in bold
     assert "| power | **0.300** | 0.300 | nan |" in text
     row = "| power_nogate | no gating | power (PP) | 0.300 (0.200-0.400) | 0.100 | -0.200 |"
@@ -184,12 +197,26 @@ def test_report_headline_buys_and_costs(report):
     assert "| softmax (AA) | 1x | 2 (1x) | 1.0 MiB | 0.900 (0.800-1.000) |" in text
 
 
-def test_report_frontier_sorted_by_bytes(report):
+def test_report_frontier_by_length_and_the_fixed_state_verdict(report):
+    """Rows sorted by bytes at the training length, bytes at the first and last length, accuracy at each; power's
+    fixed 5,188 bytes beat the 4-bit cache at 1,024 tokens (0.25 > 0.2 with 5 KiB <= 49 KiB), not at 64 (the
+    cache is smaller there: 3,596 bytes)."""
     text, _ = report
-    frontier = text[text.index("## The frontier") :]
+    frontier = text[text.index("## The frontier") : text.index("## Learning-rate")]
     rows = [line for line in frontier.splitlines() if line.startswith("| ") and "@64" not in line]
     assert [r.split(" | ")[0] for r in rows[:3]] == ["| softmax_kv4 (AA)", "| power (PP)", "| softmax (AA)"]
-    assert "| softmax_kv4 (AA) | 4 KiB | 3,596 | 0.850 (0.750-0.950) |" in frontier
+    assert "| softmax_kv4 (AA) | 4 KiB | 49 KiB | 0.850 (0.750-0.950) | 0.200 (0.150-0.250) |" in frontier
+    assert "- power (PP), 5 KiB at every length: beats it at 1k; more bytes than the cache at 64" in frontier
+
+
+def test_lr_table_flags_a_best_at_the_grid_edge(report):
+    """power's best (1e-3) and power_nogate's (1e-2) sit at the grid's edges: flagged; softmax's (3e-3) does
+    not."""
+    text, _ = report
+    sweeps = text[text.index("## Learning-rate") :]
+    rows = {line.split(" | ")[0][2:]: line for line in sweeps.splitlines() if line.startswith("| ")}
+    assert rows["power"].endswith("| edge |") and rows["power_nogate"].endswith("| edge |")
+    assert rows["softmax"].endswith("|  |")
 
 
 def test_report_speed_protocol_plots_and_commands(report):
@@ -208,3 +235,14 @@ def test_report_speed_protocol_plots_and_commands(report):
 def test_report_without_results_says_what_to_run(tmp_path):
     with pytest.raises(SystemExit, match="run python -m experiments.compare.run"):
         write_report(tmp_path, tmp_path / "R.md")
+
+
+def test_a_tie_with_the_4bit_cache_is_not_a_win(tmp_path):
+    """power at 0.25 against a 4-bit cache at 0.25 on every seed at 1,024 tokens: a tie, not a win."""
+    quality = fake_quality(tmp_path)
+    for run in quality["runs"]:
+        if run["entry"] == "softmax_kv4":
+            run["test"]["1024"]["accuracy"] = 0.25
+    verdicts = fixed_state_verdicts(Results(quality), "mqar", [64, 1024])
+    power = "- power (PP), 5 KiB at every length: beats it at no length; ties at 1k; more bytes than the cache at 64"
+    assert power in verdicts
