@@ -143,7 +143,9 @@ TINY_TASK = Task(
     decode_chunk=16,
 )
 TINY_T32 = dataclasses.replace(  # the frontier's second training length: softmax and its 4-bit cache
-    TINY_TASK, overrides=with_overrides(TINY_TASK.overrides, "data.seq_len=32", "data.min_gap=8"), skip=("power", "mamba2")
+    TINY_TASK,
+    overrides=with_overrides(TINY_TASK.overrides, "data.seq_len=32", "data.min_gap=8"),
+    skip=("power", "mamba2"),
 )
 TINY = dataclasses.replace(
     SMOKE,
