@@ -20,6 +20,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from retention.configs import CONFIG_DIR
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -471,7 +473,7 @@ SMOKE = Preset(
     long_eval_skip={"softmax": "time (a test of the marking)"},
 )
 
-DEMO_YAML = Path(__file__).resolve().parents[2] / "configs" / "experiment" / "mqar_demo.yaml"
+DEMO_YAML = Path(CONFIG_DIR) / "experiment" / "mqar_demo.yaml"
 
 
 def _override_value(value) -> str:
