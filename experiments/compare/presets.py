@@ -12,7 +12,7 @@ TEXT_RECIPE: the cpu preset's) and the other presets change it by key (`with_ove
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
-- `demo`: `make demo`'s far cell and models (configs/experiment/mqar_demo.yaml, read from there).
+- `demo`: `make demo`'s far cell and models (retention/configs/experiment/mqar_demo.yaml, read from there).
 """
 
 from dataclasses import dataclass, field
@@ -25,8 +25,8 @@ from retention.configs import CONFIG_DIR
 
 @dataclass(frozen=True)
 class Entry:
-    """One compared configuration: `group` (configs/model/<group>.yaml) and model overrides after the preset's and
-    the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
+    """One compared configuration: `group` (retention/configs/model/<group>.yaml) and model overrides after the
+    preset's and the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
     `kv_cache_bits`: nothing is trained; `base`'s runs are evaluated decoding with that quantized KV cache.
     `base` and `change` name what an ablation changes (the ablation table)."""
 
@@ -233,8 +233,8 @@ CPU = Preset(
     tasks={
         # The matched window at d=8, p=2 is 19 tokens a layer: two layers and their 4-tap convolutions reach
         # 2 x (18 + 3) = 42 tokens back, so every query sits more than 48 tokens after its key (the demo's far
-        # cell, configs/experiment/mqar_demo.yaml, at head dim 8). Three seeds on this task only (the headline's
-        # recall cell). 200 steps of 64 x 64 tokens, so that 49 runs fit the budget.
+        # cell, retention/configs/experiment/mqar_demo.yaml, at head dim 8). Three seeds on this task only (the
+        # headline's recall cell). 200 steps of 64 x 64 tokens, so that 49 runs fit the budget.
         "mqar": Task(
             "mqar",
             MQAR_RECIPE,
@@ -484,8 +484,8 @@ def _override_value(value) -> str:
 
 
 def demo_overrides(group: str, leave_out: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """What configs/experiment/mqar_demo.yaml sets in `group` (model, data, optim, trainer) as override strings,
-    less the keys in `leave_out` (the sweep's own model.name interpolation is always left out)."""
+    """What retention/configs/experiment/mqar_demo.yaml sets in `group` (model, data, optim, trainer) as override
+    strings, less the keys in `leave_out` (the sweep's own model.name interpolation is always left out)."""
     values = OmegaConf.to_container(OmegaConf.load(DEMO_YAML)[group], resolve=False)
     skip = {*leave_out, "name"} if group == "model" else set(leave_out)
     return tuple(f"{group}.{k}={_override_value(v)}" for k, v in values.items() if k not in skip)

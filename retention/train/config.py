@@ -93,7 +93,8 @@ def _schema_field(parameter: inspect.Parameter) -> tuple:
 
 def _data_schema(task: str) -> type:
     """The data group's schema of `task`, made from its generator's keyword arguments and their defaults (the
-    generator owns them; configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared fields."""
+    generator owns them; retention/configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared
+    fields."""
     generator = TASKS[task]
     parameters = inspect.signature(generator).parameters.values()
     fields = [_schema_field(p) for p in parameters if p.name not in _SET_BY_THE_TRAINER]
