@@ -2,6 +2,7 @@
 #            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, about 5 minutes on
 #            2 idle cores), then its table and the TensorBoard command.
 # make test: the same set-up, then the test suite.
+# The set-up installs the project editable with its `train` and `test` extras, at the versions in constraints.txt.
 # make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).
 # make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (python -m experiments.compare.run).
 PYTHON ?= $(shell tools/find-python.sh)
@@ -13,11 +14,11 @@ PRESET ?= cpu
 
 .PHONY: demo test lint compare clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install one or pass PYTHON=/path/to/python3.12" >&2; exit 1; }
 	"$(PYTHON)" -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[train,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,8 +1,8 @@
 """The house's import rules, read from the source: every import runs downhill (validation <- ops, parallel, data <-
 nn <- train <- the face: load, export, generation, serve), the Pallas kernels import nothing of `retention` and are
 reached only through the power-retention op's pallas.py, experiments/ runs downhill too (its helpers <- the
-benchmarks <- compare/ <- the scripts built on the comparison), and `import retention.ops` loads neither the
-trainer's libraries nor Flax."""
+benchmarks <- compare/ <- the scripts built on the comparison), `import retention.ops` loads neither the
+trainer's libraries nor Flax, and a missing trainer library names the `train` extra."""
 
 import ast
 import pathlib
@@ -116,6 +116,23 @@ def test_the_ops_load_without_the_trainer_or_flax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_missing_trainer_library_names_the_train_extra():
+    """Without a library of the `train` extra (optax, hidden from the import system), the ops still import and
+    `import retention.train` fails naming the missing module and the extra that installs it."""
+    code = (
+        "import sys\n"
+        "sys.modules['optax'] = None\n"
+        "import retention.ops\n"
+        "try:\n"
+        "    import retention.train\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e.name, '|', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    name, message = out.stdout.strip().split(" | ")
+    assert name == "optax" and "'optax'" in message and "pip install 'retention-jax[train]'" in message, out.stdout
 
 
 def test_the_face_names_load_on_first_use():

@@ -1,10 +1,9 @@
-"""The compared entries as trainer configs: Hydra composes `configs/` with a preset's overrides, exactly as `train.py`
-would, and an entry with `matched_window` gets the window whose KV cache holds the bytes of the power model's decode
-state on that task (the same layers, heads, head dim and parts).
+"""The compared entries as trainer configs: Hydra composes the packaged configs (retention/configs/) with a preset's
+overrides, exactly as `train.py` would, and an entry with `matched_window` gets the window whose KV cache holds the
+bytes of the power model's decode state on that task (the same layers, heads, head dim and parts).
 """
 
 from functools import cache
-from pathlib import Path
 
 from flax import nnx
 from hydra import compose, initialize_config_dir
@@ -12,16 +11,16 @@ from omegaconf import OmegaConf
 
 from experiments.cache_memory import sequence_cache_bytes
 from experiments.compare.presets import Preset
+from retention.configs import CONFIG_DIR
 from retention.nn import LM
 from retention.train import register_configs
 from retention.train.config import Config, make_lm_config
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 register_configs()
 
 
 def compose_config(overrides: list[str]) -> Config:
-    """The typed trainer Config of configs/config.yaml with `overrides` (Hydra's override syntax)."""
+    """The typed trainer Config of retention/configs/config.yaml with `overrides` (Hydra's override syntax)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 

@@ -15,7 +15,7 @@ Model overrides are Hydra strings, exactly as `train.py` takes them; each task's
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
-- `demo`: `make demo`'s far cell and models (configs/experiment/mqar_demo.yaml, read from there).
+- `demo`: `make demo`'s far cell and models (retention/configs/experiment/mqar_demo.yaml, read from there).
 """
 
 from dataclasses import dataclass, field
@@ -23,11 +23,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from retention.configs import CONFIG_DIR
+
 
 @dataclass(frozen=True)
 class Entry:
-    """One compared configuration: `group` (configs/model/<group>.yaml) and model overrides after the preset's and
-    the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
+    """One compared configuration: `group` (retention/configs/model/<group>.yaml) and model overrides after the
+    preset's and the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
     `kv_cache_bits`: nothing is trained; `base`'s runs are evaluated decoding with that quantized KV cache.
     `base` and `change` name what an ablation changes (the ablation table)."""
 
@@ -260,7 +262,7 @@ CPU = Preset(
     ablation_task="mqar",
     frontier_tasks=("mqar", "mqar_t128"),
     tasks={
-        # The demo's far cell (configs/experiment/mqar_demo.yaml): W's 19 tokens a layer and the 4-tap
+        # The demo's far cell (retention/configs/experiment/mqar_demo.yaml): W's 19 tokens a layer and the 4-tap
         # convolutions reach 2 x (18 + 3) = 42 tokens back, every query sits more than 48 tokens after its key;
         # the matched window (the power state's bytes at d=16, about 70 tokens) reaches every key at T=64. Three
         # seeds on this task only (the headline's recall cell); every run trains until the rule stops it.
@@ -536,7 +538,7 @@ SMOKE = Preset(
     long_eval_skip={"softmax": "time (a test of the marking)"},
 )
 
-DEMO_YAML = Path(__file__).resolve().parents[2] / "configs" / "experiment" / "mqar_demo.yaml"
+DEMO_YAML = Path(CONFIG_DIR) / "experiment" / "mqar_demo.yaml"
 
 
 def _override_value(value) -> str:
@@ -547,8 +549,8 @@ def _override_value(value) -> str:
 
 
 def demo_overrides(group: str, leave_out: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """What configs/experiment/mqar_demo.yaml sets in `group` (model, data, optim, trainer) as override strings,
-    less the keys in `leave_out` (the sweep's own model.name interpolation is always left out)."""
+    """What retention/configs/experiment/mqar_demo.yaml sets in `group` (model, data, optim, trainer) as override
+    strings, less the keys in `leave_out` (the sweep's own model.name interpolation is always left out)."""
     values = OmegaConf.to_container(OmegaConf.load(DEMO_YAML)[group], resolve=False)
     skip = {*leave_out, "name"} if group == "model" else set(leave_out)
     return tuple(f"{group}.{k}={_override_value(v)}" for k, v in values.items() if k not in skip)

@@ -1,7 +1,8 @@
 """The trainer's structured configs: typed dataclasses registered in Hydra's ConfigStore, and their value checks.
 
-Hydra merges `configs/` over these schemas, so a misspelt key or a wrong type stops at start-up; `build` then
-checks values (lengths, vocab, divisibility) and raises ValueError naming the key, e.g. `data.seq_len`.
+Hydra merges the packaged configs (retention/configs/) over these schemas, so a misspelt key or a
+wrong type stops at start-up; `build` then checks values (lengths, vocab, divisibility) and raises ValueError
+naming the key, e.g. `data.seq_len`.
 
 - `model`: `ModelConfig`, made from `LMConfig`'s fields (a field added there is a `model.` key at once, with its
   default) less `vocab_size`, which the data sets, plus `name` and `target_params`.
@@ -93,7 +94,8 @@ def _schema_field(parameter: inspect.Parameter) -> tuple:
 
 def _data_schema(task: str) -> type:
     """The data group's schema of `task`, made from its generator's keyword arguments and their defaults (the
-    generator owns them; configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared fields."""
+    generator owns them; retention/configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared
+    fields."""
     generator = TASKS[task]
     parameters = inspect.signature(generator).parameters.values()
     fields = [_schema_field(p) for p in parameters if p.name not in _SET_BY_THE_TRAINER]
@@ -200,9 +202,9 @@ def check_known_keys(cfg: Config) -> None:
 
 
 def register_configs() -> None:
-    """Store the schema as `base_config`, which configs/config.yaml extends, and each data schema as
-    `data/<task>_schema`, which configs/data/<task>.yaml extends; register the `folder_name` resolver that the
-    run and sweep folder paths pass model.name through (check_folder_name)."""
+    """Store the schema as `base_config`, which retention/configs/config.yaml extends, and each data schema as
+    `data/<task>_schema`, which retention/configs/data/<task>.yaml extends; register the `folder_name` resolver
+    that the run and sweep folder paths pass model.name through (check_folder_name)."""
     if not OmegaConf.has_resolver("folder_name"):
         OmegaConf.register_new_resolver("folder_name", lambda value: check_folder_name("model.name", value))
     store = ConfigStore.instance()

@@ -82,9 +82,9 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
 
 
 def test_the_demo_window_reaches_no_key_of_the_far_cell():
-    """configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and short
-    convolution, is shorter than every query's distance to its key on the far cell (the YAML's min_gap), and its KV
-    cache holds fewer bytes than its P model's state (the window is no larger than the fixed state)."""
+    """retention/configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and
+    short convolution, is shorter than every query's distance to its key on the far cell (the YAML's min_gap), and
+    its KV cache holds fewer bytes than its P model's state (the window is no larger than the fixed state)."""
     demo = ["experiment=mqar_demo"]
     power, swa = (compose_config([*demo, f"model.pattern={p}"]) for p in "PW")
     assert power.model.conv_size == swa.model.conv_size == 4 and power.model.qk_norm and swa.model.qk_norm
@@ -111,8 +111,8 @@ def test_train_step_time_runs_the_trainer_step():
 
 @pytest.mark.parametrize("entry, pattern", [("softmax", "A"), ("swa", "W"), ("power", "P"), ("hybrid", "PA")])
 def test_the_demo_preset_is_the_demo(entry, pattern):
-    """The comparison's `demo` preset reads its cell from configs/experiment/mqar_demo.yaml: each entry's run is
-    the demo sweep's run of that pattern (model, data, optimiser and steps alike; only the name differs)."""
+    """The comparison's `demo` preset reads its cell from retention/configs/experiment/mqar_demo.yaml: each entry's
+    run is the demo sweep's run of that pattern (model, data, optimiser and steps alike; only the name differs)."""
     demo = PRESETS["demo"]
     run = compose_config(run_overrides(demo, Run("mqar", entry, demo.tasks["mqar"].lrs[0], 0)))
     sweep = compose_config(["experiment=mqar_demo", f"model.pattern={pattern}"])

@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from retention.configs import CONFIG_DIR
 from retention.train import Config, register_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,7 +44,7 @@ TINY = [
 def compose_config(overrides: list[str]) -> Config:
     """The typed Config that `python train.py <overrides>` would run."""
     register_configs()
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return OmegaConf.to_object(compose("config", overrides=overrides))
 
 

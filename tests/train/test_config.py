@@ -14,12 +14,13 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
 
+from retention.configs import CONFIG_DIR
 from retention.data import TASKS
 from retention.nn import LM, LMConfig, count_params
 from retention.parallel import make_mesh
 from retention.train import build
 from retention.train.config import DATA_SCHEMAS, ModelConfig
-from tests.train.common import ROOT, TINY, compose_config
+from tests.train.common import TINY, compose_config
 
 
 def test_presets_have_equal_parameter_counts():
@@ -212,16 +213,16 @@ def test_unknown_mesh_is_refused():
 
 def test_slurm_launcher_requeues_on_timeout():
     """submitit requeues a job that reached its time limit (the trainer saved at SIGUSR2) instead of ending it."""
-    launcher = OmegaConf.load(os.path.join(ROOT, "configs", "hydra", "launcher", "slurm.yaml"))
+    launcher = OmegaConf.load(os.path.join(CONFIG_DIR, "hydra", "launcher", "slurm.yaml"))
     assert launcher.max_num_timeout > 0 and launcher.signal_delay_s > 0
 
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_data_yaml_sets_only_what_differs_from_the_generator(task):
-    """Every data default has one owner, the generator: configs/data/<task>.yaml sets only keys whose value differs
-    from the schema's default (made from the generator's signature), and the composed config is the schema's
+    """Every data default has one owner, the generator: retention/configs/data/<task>.yaml sets only keys whose value
+    differs from the schema's default (made from the generator's signature), and the composed config is the schema's
     defaults with those keys."""
-    yaml = OmegaConf.load(os.path.join(ROOT, "configs", "data", f"{task}.yaml"))
+    yaml = OmegaConf.load(os.path.join(CONFIG_DIR, "data", f"{task}.yaml"))
     defaults = OmegaConf.structured(DATA_SCHEMAS[task])
     restated = [key for key in yaml if key != "defaults" and yaml[key] == defaults[key]]
     assert not restated, restated
