@@ -92,7 +92,9 @@ def main(argv=None):
     parser.add_argument("--suffix", type=int, default=32, help="tokens each request adds (the issue's: 128)")
     parser.add_argument("--new", type=int, default=8, help="tokens each request generates (the issue's: 32)")
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="models to measure")
-    parser.add_argument("--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine")
+    parser.add_argument(
+        "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
+    )
     parser.add_argument("--out", default="results/prefix_reuse.json", help="JSON path; the PNG goes beside it")
     args = parser.parse_args(argv)
     results = {}
