@@ -1,14 +1,15 @@
 """Does a quantized state's error accumulate? Recall of the hand-built power-retention layer
 (experiments/hand_built_recall.py: q and k match exactly, v one-hot) against length with its state float32,
 quantized only at rest (the float state quantized once, at the length read), and re-quantized after every token
-(the live state, `round_trip`'s arithmetic: `quantize_rows` then `dequantize_rows` on S and z), for int8 and fp8 e4m3
+(the live state: `round_trip_rows` on S and z, as `generate(..., state_format=...)` does), for int8 and fp8 e4m3
 with a scale per state row; and the bytes of each state beside a 4-bit KV cache of the same length (the registry's
-formulas).
+formulas). Beside the accuracies, the relative error of S against the float state (does it grow with the number
+of re-quantizations?).
 
 Each row of the batch writes n_pairs (key, value) pairs, then distractor pairs (other keys, random values) up to
 the length, so the state changes at every second token; at each length read the query of every true key reads the
 state (y = phi(q) S / phi(q) z) and answers the value id of largest output. The state runs token by token through
-the step op (`power_retention_step`) in one compiled scan per treatment.
+the step op (`power_retention_step`) in one compiled loop per treatment.
 
     python -m experiments.quantized_state_recall [--lengths 256 1024 2048 4096 8192] \
         [--out results/quantized_state_recall.json]
@@ -18,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -32,7 +34,7 @@ from retention.nn.registry import MIXERS
 from retention.ops import RetentionState, init_state, power_retention_step
 from retention.ops.power_retention.chunk_math import normalise, state_read
 from retention.ops.power_retention.state import augment
-from retention.serve.quantized_state import dequantize_rows, quantize_rows
+from retention.serve.quantized_state import quantize_rows, round_trip_rows
 
 HEAD_DIM, DEG = 32, 2
 N_PAIRS, N_KEYS = 4, 16  # true keys 1..N_PAIRS, distractor keys N_PAIRS+1..N_KEYS, values above N_KEYS
@@ -48,7 +50,7 @@ def streams(batch: int, length: int, rng: np.random.Generator) -> tuple[np.ndarr
 
 
 def _round_trip(state: RetentionState, state_format) -> RetentionState:
-    return RetentionState(*(dequantize_rows(quantize_rows(x, state_format)) for x in state))
+    return RetentionState(*(round_trip_rows(x, state_format) for x in state))
 
 
 @partial(jax.jit, static_argnames=("state_format", "reads"))
@@ -79,6 +81,11 @@ def accuracy(state: RetentionState, e_HVd: np.ndarray, answers_BP: np.ndarray) -
     return float(np.mean(answer == answers_BP))
 
 
+def relative_error(state: RetentionState, exact: RetentionState) -> float:
+    """||S - S_exact|| / ||S_exact|| over the whole batch (Frobenius): how far a treated state is from the float one."""
+    return float(jnp.linalg.norm(state.S - exact.S) / jnp.linalg.norm(exact.S))
+
+
 def state_bytes(state_format, length: int) -> dict:
     """Bytes of one kv-head's state per format, beside a 4-bit KV cache of `length` tokens (registry formulas)."""
     config = LMConfig(vocab_size=VOCAB, d_model=HEAD_DIM, n_layers=1, pattern="P", n_heads=1, n_kv_heads=1,
@@ -96,7 +103,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048, 4096, 8192])
     parser.add_argument("--formats", nargs="+", default=["8", "fp8"])
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--out", type=Path, default=Path("results/quantized_state_recall.json"))
     args = parser.parse_args(argv)
     formats = [int(f) if f.isdigit() else f for f in args.formats]
@@ -120,12 +127,14 @@ def main(argv=None):
                 "float32": accuracy(at(exact), e, answers),
                 "at_rest": accuracy(_round_trip(at(exact), state_format), e, answers),
                 "every_step": accuracy(at(live), e, answers),
+                "S_relative_error_at_rest": relative_error(_round_trip(at(exact), state_format), at(exact)),
+                "S_relative_error_every_step": relative_error(at(live), at(exact)),
                 "bytes": state_bytes(state_format, length),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = {
-        "command": "python -m experiments.quantized_state_recall " + " ".join(argv or []),
+        "command": " ".join(["python -m experiments.quantized_state_recall", *(argv or sys.argv[1:])]),
         "setup": {
             "head_dim": HEAD_DIM,
             "deg": DEG,

@@ -62,6 +62,11 @@ def dequantize_rows(q: QuantizedArray) -> Float[Array, "*b r"]:
     return dequantize(q.values, q.scale)
 
 
+def round_trip_rows(x: Float[Array, "*b r"], state_format) -> Float[Array, "*b r"]:
+    """x quantized per row in `state_format` and dequantized again (float32)."""
+    return dequantize_rows(quantize_rows(x, state_format))
+
+
 def _map_states(caches, f):
     """The caches with f applied to every recurrent state array (RetentionState's S and z, MatrixStateCache's S)."""
 
@@ -107,4 +112,4 @@ def dequantize_states(snapshot: Snapshot) -> Snapshot:
 def round_trip_states(caches, state_format):
     """LMCache `caches` with every recurrent state quantized in `state_format` and dequantized again (float32):
     the state a decode step reads when the live state is stored quantized."""
-    return _map_states(caches, lambda x: dequantize_rows(quantize_rows(x, state_format)))
+    return _map_states(caches, lambda x: round_trip_rows(x, state_format))

@@ -5,7 +5,7 @@ step of k + 1 tokens, and the caches go back to the longest accepted prefix.
 from a snapshot holding every token before `last`: the target's greedy choice after each, how many drafts it
 accepts (j, the leading matches), and the snapshot after [last, d_1..d_j], selected from the step's per-token
 caches (`LM.rollback`), with no second target call: a power-retention layer's states after each token from the one
-chunk (k + 1 states of D (d + 1) float32 per kv-head: 2.5 MiB per head at d = 64, degree 2, k = 4), a matrix-state
+chunk (k + 1 states of D (d + 1) float32 per kv-head: 2.6 MiB per head at d = 64, degree 2, k = 4), a matrix-state
 layer's from a scan of k + 1 one-token steps, an attention layer's keys and values cut back to the accepted tokens
 (a ring buffer's overwritten slots restored from the pre-verify snapshot, a value the step leaves untouched), the
 conv caches per token. The draft keeps one snapshot per proposed token and goes back to the one after the

@@ -3,7 +3,8 @@ different sizes), every dequantized value within its format's bound, derived her
 scale (int8 / 4-bit: half a step, scale / 2, with the scale tight: the row's largest value uses the top code;
 fp8 e4m3: 2^-4 of the value where x / s is normal, s 2^-10 below); attention caches untouched; a NaN row stays
 NaN; a quantized snapshot saved and loaded is bit-identical, a flipped byte refused; the live option
-re-quantizes after every decode step (greedy tokens equal a hand-written loop that does so)."""
+re-quantizes after every decode step (greedy tokens equal a hand-written loop that does so, and differ from
+the float state's)."""
 
 import dataclasses
 
@@ -118,14 +119,16 @@ def test_a_quantized_snapshot_saved_and_loaded_is_bit_identical(tmp_path, state_
 
 def test_live_state_is_requantized_after_every_step():
     model = LM(dataclasses.replace(CONFIG, pattern="PD", n_layers=2), rngs=nnx.Rngs(3))
-    prompt = jax.random.randint(jax.random.key(4), (2, 7), 0, CONFIG.vocab_size, dtype=jnp.int32)
-    got = generate(model, prompt, 6, temperature=0.0, state_format=8).tokens[:, 7:]
-    logits, caches = model.prefill(prompt, 13)
+    prompt = jax.random.randint(jax.random.key(4), (4, 7), 0, CONFIG.vocab_size, dtype=jnp.int32)
+    got = generate(model, prompt, 8, temperature=0.0, state_format=4).tokens[:, 7:]
+    logits, caches = model.prefill(prompt, 15)
     tokens = [jnp.argmax(logits[:, -1], axis=-1)]
-    for _ in range(5):
-        caches = round_trip_states(caches, 8)
+    for _ in range(7):
+        caches = round_trip_states(caches, 4)
         logits, caches = model.decode_step(tokens[-1][:, None].astype(jnp.int32), caches)
         tokens.append(jnp.argmax(logits[:, -1], axis=-1))
     np.testing.assert_array_equal(got, jnp.stack(tokens, axis=1))
+    float_tokens = generate(model, prompt, 8, temperature=0.0).tokens[:, 7:]
+    assert not np.array_equal(got, float_tokens)  # 4-bit states change the greedy path: the test sees them
     with pytest.raises(ValueError, match="state_format"):
         generate(model, prompt, 2, temperature=0.0, state_format=16)

@@ -94,8 +94,8 @@ def chunk_states(
 
     S_i = exp(F_i) S (if no reset precedes token i in the chunk) + sum_{j <= i, one document} exp(F_i - F_j)
     phi(k_j) v_j^T, with F, R the chunk's cumulative gates and resets (`chunk_math`'s contract); z likewise with
-    v = 1. It holds n copies of the state: n D (d + 1) float32 per kv-head (d = 64, deg 2: D = 2080, 520 KiB
-    per head and token, 2.5 MiB per head for a verify step of k = 4 drafts, n = 5 tokens)."""
+    v = 1. It holds n copies of the state: n D (d + 1) float32 per kv-head (d = 64, deg 2: D = 2080, 528 KiB
+    per head and token, 2.6 MiB per head for a verify step of k = 4 drafts, n = 5 tokens)."""
     n = k.shape[1]
     gates = chunk_gates(k, v, log_g, segment_ids, chunk_size=n)
     phi_BHDn = sympow(rearrange(gates.k.astype(jnp.float32), "B n H d -> B H d n"), deg, axis=-2)
