@@ -4,7 +4,7 @@ scale (int8 / 4-bit: half a step, scale / 2, with the scale tight: the row's lar
 fp8 e4m3: 2^-4 of the value where x / s is normal, s 2^-10 below); attention caches untouched; a NaN row stays
 NaN; a quantized snapshot saved and loaded is bit-identical, a flipped byte refused; the live option
 re-quantizes after every decode step (greedy tokens equal a hand-written loop that does so, and differ from
-the float state's)."""
+the float state's); so does the slot engine's option."""
 
 import dataclasses
 
@@ -16,6 +16,7 @@ from flax import nnx
 
 from retention import generate, load_snapshot, prefill, save_snapshot, snapshot_bytes
 from retention.nn import LM, LMConfig
+from retention.serve import Engine
 from retention.serve.quantized_state import (
     QuantizedArray,
     dequantize_states,
@@ -130,5 +131,9 @@ def test_live_state_is_requantized_after_every_step():
     np.testing.assert_array_equal(got, jnp.stack(tokens, axis=1))
     float_tokens = generate(model, prompt, 8, temperature=0.0).tokens[:, 7:]
     assert not np.array_equal(got, float_tokens)  # 4-bit states change the greedy path: the test sees them
+    engine = Engine(model, slots=2, max_len=15, state_format=4)
+    ids = [engine.submit(prompt[i : i + 1], max_new_tokens=8) for i in range(2)]
+    finished = engine.run()
+    assert [finished[i] for i in ids] == np.asarray(got[:2]).tolist()
     with pytest.raises(ValueError, match="state_format"):
         generate(model, prompt, 2, temperature=0.0, state_format=16)
