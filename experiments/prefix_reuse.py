@@ -4,6 +4,11 @@ snapshot and each request continues from it, for P, softmax (A), 4-bit-KV softma
 held per cached prefix (`snapshot_bytes`). Times are medians after a compiling warm-up (experiments/timing.py).
 
     python -m experiments.prefix_reuse [--lengths 256 1024] [--out results/prefix_reuse.json]
+
+The issue's protocol, 1k to 64k-token prefixes, a 128-token suffix and 32 new tokens per request, on an idle
+machine (recomputing a 64k prefix for every request is the slow part; `--kinds` runs a subset):
+
+    python -m experiments.prefix_reuse --lengths 1024 4096 16384 65536 --suffix 128 --new 32 --note "idle"
 """
 
 import argparse
@@ -80,16 +85,21 @@ def plot(results: dict, path: Path) -> None:
     figure.savefig(path, dpi=120)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--requests", type=int, default=4)
-    parser.add_argument("--suffix", type=int, default=32)
-    parser.add_argument("--new", type=int, default=8)
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="shared prefix tokens (1k-64k)")
+    parser.add_argument("--requests", type=int, default=4, help="requests sharing the prefix")
+    parser.add_argument("--suffix", type=int, default=32, help="tokens each request adds (the issue's: 128)")
+    parser.add_argument("--new", type=int, default=8, help="tokens each request generates (the issue's: 32)")
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="models to measure")
+    parser.add_argument(
+        "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
+    )
     parser.add_argument("--out", default="results/prefix_reuse.json", help="JSON path; the PNG goes beside it")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = {}
-    for kind, fields in KINDS.items():
+    for kind in args.kinds:
+        fields = KINDS[kind]
         model = LM(dataclasses.replace(BASE, **fields), rngs=nnx.Rngs(0))
         results[kind] = [measure(model, n, args.requests, args.suffix, args.new) for n in args.lengths]
         for row in results[kind]:
@@ -99,7 +109,7 @@ def main():
         "device": jax.devices()[0].device_kind,
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "note": "a CPU shared with other jobs: times are indicative, bytes exact",
+        "note": args.note,
     }
     setup = {"config": dataclasses.asdict(BASE), "requests": args.requests, "suffix": args.suffix, "new": args.new}
     out.write_text(json.dumps({"machine": machine, "setup": setup, "results": results}, indent=1) + "\n")

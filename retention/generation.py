@@ -15,7 +15,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from retention.nn.model import LM
-from retention.validation import check_int, check_number, concrete
+from retention.validation import check_choice, check_int, check_number, concrete
 
 
 def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None, greedy: bool) -> Int[Array, " B"]:
@@ -46,6 +46,7 @@ def generate(
     key: PRNGKeyArray | None = None,
     eos_id: int | None = None,
     start=None,
+    state_format=None,
 ) -> Generated:
     """Continue each prompt row by up to max_new_tokens tokens: (tokens [B, T0 + N], lengths [B]).
 
@@ -61,6 +62,9 @@ def generate(
     start: a Snapshot (retention.prefill) to continue from; prompt_BT is then a suffix [B, n >= 0] run into it
     (prompt_lengths None), tokens holds the suffix and its continuation, and each row continues as the snapshot's
     prompt followed by the suffix would (greedy: token for token; sampled: with the same key, the same draws).
+
+    state_format (8, 4 or "fp8"; None: float32): the recurrent states re-quantized per row after the prompt and
+    after every decode step (`retention.serve.quantized_state.round_trip_states`), as a state stored quantized.
     """
     check_int("max_new_tokens", max_new_tokens)
     check_number("temperature", temperature, low=0.0)  # 0 = greedy; NaN and inf are refused
@@ -71,6 +75,10 @@ def generate(
             raise ValueError(f"top_k must be <= vocab_size={vocab}, got {top_k}")
     if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < vocab):
         raise ValueError(f"eos_id must be None or an int in [0, vocab_size={vocab}), got {eos_id!r}")
+    if state_format is not None:
+        from retention.serve.quantized_state import STATE_FORMATS  # serve builds on this module
+
+        check_choice("state_format", state_format, STATE_FORMATS)
     greedy = temperature == 0
     if key is None and not greedy:
         raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
@@ -82,7 +90,7 @@ def generate(
     key = jax.random.key(0) if key is None else key  # greedy: never drawn from
     eos = jnp.int32(-1 if eos_id is None else eos_id)
     prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
-    options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy}
+    options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy, "state_format": state_format}
     if start is not None:
         from retention.serve.snapshot import check_snapshot, extend  # serve builds on this module
 
@@ -124,22 +132,25 @@ def _check_prompt_ids(prompt_BT, segment_ids, vocab_size: int) -> None:
         raise ValueError(f"prompt ids must be in [0, vocab_size={vocab_size}), got {bad[:8].tolist()}")
 
 
-@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-def _generate(graphdef, state, prompt_BT, segment_ids, key, temperature, eos, *, max_new_tokens, top_k, greedy):
+STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "state_format")
+
+
+@partial(jax.jit, static_argnames=STATIC)
+def _generate(graphdef, state, prompt_BT, segment_ids, key, temperature, eos, *, max_new_tokens, **options):
     """(tokens [B, T0 + N], lengths [B]); eos = -1 matches no token (no eos_id)."""
     model = nnx.merge(graphdef, state)
     T0 = prompt_BT.shape[1]
     real_BT = prompt_BT if segment_ids is None else jnp.where(segment_ids == 1, prompt_BT, 0)  # padding: never seen
     logits, caches = model.prefill(real_BT, T0 + max_new_tokens, segment_ids=segment_ids)
-    new_BN = _sample_loop(model, logits[:, -1], caches, key, temperature, eos, max_new_tokens, top_k, greedy)
+    new_BN = _sample_loop(model, logits[:, -1], caches, key, temperature, eos, max_new_tokens, **options)
     return jnp.concatenate([prompt_BT, new_BN], axis=1), T0 + _stopped(new_BN, eos)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "top_k", "greedy"))
-def _continue(graphdef, state, logits_BV, caches, key, temperature, eos, *, max_new_tokens, top_k, greedy):
+@partial(jax.jit, static_argnames=STATIC)
+def _continue(graphdef, state, logits_BV, caches, key, temperature, eos, *, max_new_tokens, **options):
     """The new tokens [B, N] after caches whose last token's logits are logits_BV."""
     model = nnx.merge(graphdef, state)
-    return _sample_loop(model, logits_BV, caches, key, temperature, eos, max_new_tokens, top_k, greedy)
+    return _sample_loop(model, logits_BV, caches, key, temperature, eos, max_new_tokens, **options)
 
 
 def _stopped(new_BN, eos) -> Int[Array, " B"]:
@@ -149,9 +160,19 @@ def _stopped(new_BN, eos) -> Int[Array, " B"]:
     return stopped_B.astype(jnp.int32)
 
 
-def _sample_loop(model, logits_BV, caches, key, temperature, eos, N: int, top_k, greedy) -> Int[Array, "B N"]:
+def _sample_loop(
+    model, logits_BV, caches, key, temperature, eos, N: int, *, top_k, greedy, state_format
+) -> Int[Array, "B N"]:
     """N new tokens: the first drawn from logits_BV (with the first of N keys split from `key`), each next one
-    from a decode step of the one before; rows after their first eos hold eos."""
+    from a decode step of the one before (its states re-quantized with a state_format); rows after their first
+    eos hold eos."""
+    if state_format is not None:
+        from retention.serve.quantized_state import round_trip_states
+
+        requantize = lambda c: round_trip_states(c, state_format)
+    else:
+        requantize = lambda c: c
+    caches = requantize(caches)
     B = logits_BV.shape[0]
     keys = jax.random.split(key, N)
     first_B = _sample(logits_BV, keys[0], temperature, top_k, greedy)
@@ -161,6 +182,7 @@ def _sample_loop(model, logits_BV, caches, key, temperature, eos, N: int, top_k,
         i, new_BN, caches, done_B = carry
         last_B1 = jax.lax.dynamic_slice_in_dim(new_BN, i - 1, 1, axis=1)
         logits, caches = model.decode_step(last_B1, caches)
+        caches = requantize(caches)
         token_B = jnp.where(done_B, eos, _sample(logits[:, -1], keys[i], temperature, top_k, greedy))
         new_BN = jax.lax.dynamic_update_slice_in_dim(new_BN, token_B[:, None], i, axis=1)
         return i + 1, new_BN, caches, done_B | (token_B == eos)

@@ -27,6 +27,7 @@ from retention.nn.qkv import (
     project_qkv,
     qkv_part_params,
     qkvo_weights,
+    select_kept,
 )
 from retention.ops import (
     ATTENTION_IMPLS,
@@ -45,6 +46,7 @@ from retention.ops.attention import (
     init_quantized_kv_cache,
     softmax_attention_step_quantized,
 )
+from retention.ops.attention.decode import keep_first
 from retention.ops.attention.quantized import check_quantization, default_group
 from retention.validation import check_choice, check_int
 
@@ -106,11 +108,14 @@ class Attention(QKVMixer):
         positions: Int[Array, "*b T"],
         segment_ids: Int[Array, "B T"] | None = None,
         cache: AttentionCache | None = None,
+        trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], AttentionCache | None]:
         """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds;
-        segment_ids enter here, and only here. Returns (y [B, T, D], the updated cache or None)."""
+        segment_ids enter here, and only here. Returns (y [B, T, D], the updated cache or None); with `trail` (a
+        verify step) the keys and values after all T tokens and the conv caches after each, [T, ...]."""
         decode = cache is not None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        conv = cache.conv if decode else None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
         options = dict(window=self.window, segment_ids=segment_ids)
         if not decode and context_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
             return self.out(softmax_attention_context_parallel(q, k, v, **options)), None
@@ -122,6 +127,12 @@ class Attention(QKVMixer):
         else:
             y, kv = softmax_attention_step(cache.kv, q, k, v, **options)
         return self.out(y), AttentionCache(kv, conv_cache)
+
+    def rollback(self, before: AttentionCache, trail: AttentionCache, kept) -> AttentionCache:
+        """The cache after the first `kept` tokens of a verify step: the keys and values cut back (`keep_first`:
+        the slots of the dropped tokens hold `before`'s again, a ring buffer's overwritten keys included), the conv
+        cache of that token."""
+        return AttentionCache(keep_first(before.kv, trail.kv, kept), select_kept(before.conv, trail.conv, kept))
 
     def prefill(
         self,

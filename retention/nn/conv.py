@@ -105,6 +105,15 @@ class QKVConv(nnx.Module):
         next_ids = _last(jnp.concatenate([cache.segment_ids, ids_BT], axis=1), cache.segment_ids.shape[1])
         return q, k, v, QKVConvCache(cq, ck, cv, next_ids)
 
+    def trail(self, q_BTC, k_BTC, v_BTC, *, segment_ids_BT=None, cache: QKVConvCache) -> QKVConvCache:
+        """The conv cache after each of the T step inputs (unconvolved q, k, v), stacked: every field [T, ...],
+        entry i the cache a step of tokens 0..i leaves (its last conv_size - 1 inputs and their ids)."""
+        T, P = q_BTC.shape[1], cache.segment_ids.shape[1]
+        ids_BT = _step_ids(cache.segment_ids, segment_ids_BT, T)
+        window_TP = jnp.arange(1, T + 1)[:, None] + jnp.arange(P)[None, :]  # after token i: inputs i + 1 .. i + P
+        after = lambda old, new: jnp.moveaxis(jnp.concatenate([old, new.astype(old.dtype)], axis=1)[:, window_TP], 1, 0)
+        return QKVConvCache(*(after(c, x) for c, x in zip(cache, (q_BTC, k_BTC, v_BTC, ids_BT))))
+
     def init_cache(self, batch: int, dtype=jnp.float32) -> QKVConvCache:
         """Zero inputs and segment ids 0: the state before the first token."""
         inputs = [conv.init_cache(batch, dtype) for conv in (self.q, self.k, self.v)]

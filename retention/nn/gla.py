@@ -61,12 +61,15 @@ class GatedLinearAttention(QKVMixer):
         positions: Int[Array, "*b T"],
         segment_ids: Int[Array, "B T"] | None = None,
         cache: MatrixStateCache | None = None,
+        trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
         """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state). Returns (y [B, T, D], the new cache or None)."""
+        begin from an empty state). Returns (y [B, T, D], the new cache or None; with `trail`, a verify step, the
+        caches after each token stacked [T, ...]: `matrix_state.run_mixing`)."""
         B, T, _ = x_BTD.shape
         decode = cache is not None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        conv = cache.conv if decode else None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
         gate_logits = self.decay_up(self.decay_down(x_BTD.astype(jnp.float32)))
         log_g = jax.nn.log_sigmoid(gate_logits).reshape(B, T, self.kv_heads, self.head_dim) / GATE_NORMALISER
         o, cache = run_mixing(
@@ -78,6 +81,7 @@ class GatedLinearAttention(QKVMixer):
             conv_cache=conv_cache,
             segment_ids=segment_ids,
             chunk_size=self.chunk_size,
+            trail=trail,
         )
         gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)

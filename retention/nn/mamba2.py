@@ -26,7 +26,7 @@ from jaxtyping import Array, Float, Int
 from retention.nn.conv import QKVConv, check_conv_size
 from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, run_mixing, state_bytes
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import conv_cache_bytes
+from retention.nn.qkv import conv_cache_bytes, select_kept
 from retention.ops import check_chunk_size, linear_attention, linear_attention_step
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
@@ -111,10 +111,12 @@ class Mamba2(nnx.Module):
         positions: Int[Array, "*b T"],
         segment_ids: Int[Array, "B T"] | None = None,
         cache: MatrixStateCache | None = None,
+        trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
         """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
         begin from an empty state). positions are unused (the recurrence orders the tokens). Returns (y [B, T, D],
-        the new cache or None)."""
+        the new cache or None; with `trail`, a verify step, the caches after each token stacked [T, ...]:
+        `matrix_state.run_mixing`)."""
         B, T, _ = x_BTD.shape
         H, P, G, N = self.heads, self.head_dim, self.n_groups, self.state_size
         decode = cache is not None
@@ -122,6 +124,9 @@ class Mamba2(nnx.Module):
         cuts = [self.d_inner, 2 * self.d_inner, 2 * self.d_inner + bc, 2 * self.d_inner + 2 * bc]
         z, xs, Bs, Cs, dt = jnp.split(self.in_proj(x_BTD), cuts, axis=-1)
         conv_cache = cache.conv if decode else None
+        conv_trail = None
+        if self.conv is not None and trail:
+            conv_trail = self.conv.trail(xs, Bs, Cs, segment_ids_BT=segment_ids, cache=conv_cache)
         if self.conv is not None:
             xs, Bs, Cs, conv_cache = self.conv(xs, Bs, Cs, segment_ids_BT=segment_ids, cache=conv_cache)
             bias = jnp.split(self.conv_bias[...].astype(xs.dtype), cuts[:1] + [self.d_inner + bc], axis=-1)
@@ -136,9 +141,10 @@ class Mamba2(nnx.Module):
             partial(linear_attention_step, scale=1.0),
             (per_head(Cs), per_head(Bs), x_BTHP * dt_BTH[..., None], log_g),
             cache=cache,
-            conv_cache=conv_cache,
+            conv_cache=conv_trail if trail else conv_cache,
             segment_ids=segment_ids,
             chunk_size=self.chunk_size,
+            trail=trail,
         )
         y = y + self.D[...].astype(jnp.float32)[:, None] * x_BTHP
         gated = (y.reshape(B, T, self.d_inner) * jax.nn.silu(z.astype(jnp.float32))).reshape(B, T, G, -1)
@@ -148,6 +154,10 @@ class Mamba2(nnx.Module):
     def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
         """A prompt into a fresh cache: the same as a call with the cache."""
         return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def rollback(self, before: MatrixStateCache, trail: MatrixStateCache, kept: Int[Array, ""]) -> MatrixStateCache:
+        """The cache after the first `kept` tokens of a verify step (see `qkv.select_kept`)."""
+        return select_kept(before, trail, kept)
 
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
         """An empty state [batch, H, state_size, head_dim] float32, last segment ids 0 [batch], the conv cache of

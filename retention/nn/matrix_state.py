@@ -7,11 +7,12 @@ the power-retention mixer does)."""
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConvCache
-from retention.nn.qkv import conv_cache_bytes
+from retention.nn.qkv import conv_cache_bytes, trail_segment_ids
 from retention.ops import context_parallel_size, init_matrix_state
 from retention.validation import check_int
 
@@ -25,8 +26,30 @@ class MatrixStateCache(NamedTuple):
     conv: QKVConvCache | None
 
 
-def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size):
-    """o of full_op(*args) (cache None) or of step_op(state, *args) continuing the cache: (o, the new cache)."""
+def _clear(state_BHkv, rows_B):
+    return jnp.where(rows_B[:, None, None, None], 0.0, state_BHkv)
+
+
+def step_states(step_op, state, args: tuple, segment_ids) -> Float[Array, "T B H dk dv"]:
+    """The state after each of the T tokens of args (each [B, T, ...] or None), one token at a time (a scan of the
+    step op; a change of segment id inside the step clears the row, as the chunked step does)."""
+    T = args[0].shape[1]
+
+    def one(state, t):
+        token = [None if a is None else jax.lax.dynamic_slice_in_dim(a, t, 1, axis=1) for a in args]
+        if segment_ids is not None:
+            previous = jax.lax.dynamic_index_in_dim(segment_ids, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
+            state = _clear(state, (t > 0) & (segment_ids[:, t] != previous))
+        _, state = step_op(state, *token)
+        return state, state
+
+    return jax.lax.scan(one, state, jnp.arange(T))[1]
+
+
+def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, trail):
+    """o of full_op(*args) (cache None) or of step_op(state, *args) continuing the cache: (o, the new cache), or
+    with `trail` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
+    `step_states`, conv_cache already the conv caches per token)."""
     options = dict(segment_ids=segment_ids, chunk_size=chunk_size)
     if cache is None:
         if context_parallel_size() > 1:
@@ -34,10 +57,12 @@ def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_ca
         return full_op(*args, **options), None
     state, last_id = cache.state, cache.segment_id
     if segment_ids is not None:
-        state = jnp.where((segment_ids[:, 0] != last_id)[:, None, None, None], 0.0, state)
-        last_id = segment_ids[:, -1].astype(jnp.int32)
-    o, state = step_op(state, *args, **options)
-    return o, MatrixStateCache(state, last_id, conv_cache)
+        state = _clear(state, segment_ids[:, 0] != last_id)
+    o, new_state = step_op(state, *args, **options)
+    ids_TB = trail_segment_ids(last_id, segment_ids, args[0].shape[1])
+    if trail:
+        return o, MatrixStateCache(step_states(step_op, state, args, segment_ids), ids_TB, conv_cache)
+    return o, MatrixStateCache(new_state, ids_TB[-1], conv_cache)
 
 
 def init_matrix_cache(batch: int, max_len: int, dtype, *, state_dims: tuple[int, int, int], conv) -> MatrixStateCache:

@@ -56,12 +56,14 @@ class Block(nnx.Module):
         self.mlp_norm = norm()
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-    def __call__(self, x_BTD, *, positions, segment_ids=None, cache=None, prefill: bool = False):
-        """Returns (x [B, T, D], the mixer's new cache): its full forward, prefill or decode step."""
+    def __call__(self, x_BTD, *, positions, segment_ids=None, cache=None, prefill: bool = False, trail: bool = False):
+        """Returns (x [B, T, D], the mixer's new cache): its full forward, prefill or decode step (with `trail`, a
+        verify step: the mixer's per-token caches)."""
         h = self.mixer_norm(x_BTD)
         run = self.mixer.prefill if prefill else self.mixer
+        options = dict(trail=True) if trail else {}
         with jax.named_scope(type(self.mixer).__name__):
-            h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache)
+            h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache, **options)
         x_BTD = x_BTD + h
         return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
 
@@ -98,10 +100,14 @@ class LM(nnx.Module):
         segment_ids: Int[Array, "B T"] | None = None,
         caches=None,
         prefill: bool = False,
+        trail: bool = False,
     ) -> tuple[Float[Array, "B T V"], tuple | None]:
-        """Blocks, final norm and head from input embeddings; `caches` (LMCache.layers) and segment_ids as in the
-        mixers, positions [T] or [B, T] (RoPE's)."""
+        """Blocks, final norm and head from input embeddings; `caches` (LMCache.layers), segment_ids and `trail` as
+        in the mixers, positions [T] or [B, T] (RoPE's). A trail (speculative verification) runs the layers
+        unscanned only."""
         if self.config.scan_layers:
+            if trail:
+                raise ValueError("a verify step (trail=True) needs scan_layers=False; convert_layers(model, False)")
             options = dict(positions=positions, segment_ids=segment_ids, caches=caches, prefill=prefill)
             x_BTD, new_caches = run_scanned(self.periods, x_BTD, **options, remat_policy=self.config.remat_policy)
         else:
@@ -110,7 +116,11 @@ class LM(nnx.Module):
             new_caches = []
             for i, (block, cache) in enumerate(zip(self.blocks, layer_caches)):
                 with jax.named_scope(f"layer{i}"):
-                    x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, prefill)
+                    if trail:
+                        options = dict(positions=positions, segment_ids=segment_ids, cache=cache, trail=True)
+                        x_BTD, cache = block(x_BTD, **options)
+                    else:
+                        x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, prefill)
                 new_caches.append(cache)
             new_caches = None if caches is None else tuple(new_caches)
         x_BTD = self.final_norm(x_BTD)
@@ -174,6 +184,20 @@ class LM(nnx.Module):
         _check_tokens(tokens_BN, self.config.vocab_size, segment_ids, debug_checks)
         graphdef, state = nnx.split(self)
         return _decode(graphdef, state, tokens_BN, segment_ids, caches)
+
+    def verify_step(self, tokens_BN: Int[Array, "B n"], caches: LMCache) -> tuple[Float[Array, "B n V"], tuple]:
+        """A decode step of n tokens continuing each row's document that keeps what a rollback needs: (logits
+        [B, n, V], the layers' trails: each mixer's caches after each token, from the one step). `rollback`
+        turns them into the caches after the first m tokens. Compiled once per shape."""
+        _check_tokens(tokens_BN, self.config.vocab_size)
+        graphdef, state = nnx.split(self)
+        return _verify(graphdef, state, tokens_BN, caches)
+
+    def rollback(self, caches: LMCache, trails: tuple, kept) -> LMCache:
+        """The caches after the first `kept` (0..n) tokens of `verify_step(tokens, caches)`, equal to those of a
+        decode step of just those tokens (float32 rounding) without running them again."""
+        graphdef, state = nnx.split(self)
+        return _rollback(graphdef, state, caches, trails, jnp.asarray(kept, jnp.int32))
 
     def param_count(self) -> int:
         """The number of parameters (all nnx.Param leaves)."""
@@ -248,3 +272,18 @@ def _decode(graphdef, state, tokens_BN, segment_ids_BN, caches: LMCache):
     logits, layers = model.forward_embeddings(model.embed(tokens_BN), **options)
     caches = LMCache(layers=layers, length=caches.length + n, segment_id=last_id, position=positions[:, -1] + 1)
     return logits, caches
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _verify(graphdef, state, tokens_BN, caches: LMCache):
+    model = nnx.merge(graphdef, state)
+    positions = caches.position[:, None] + jnp.arange(tokens_BN.shape[1], dtype=jnp.int32)
+    options = dict(positions=positions, caches=caches.layers, trail=True)
+    return model.forward_embeddings(model.embed(tokens_BN), **options)
+
+
+@partial(jax.jit, static_argnames=("graphdef",))
+def _rollback(graphdef, state, caches: LMCache, trails: tuple, kept):
+    model = nnx.merge(graphdef, state)
+    layers = tuple(b.mixer.rollback(c, t, kept) for b, c, t in zip(model.blocks, caches.layers, trails))
+    return caches._replace(layers=layers, length=caches.length + kept, position=caches.position + kept)

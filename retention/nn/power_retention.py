@@ -27,6 +27,7 @@ from retention.nn.qkv import (
     project_qkv,
     qkv_part_params,
     qkvo_weights,
+    trail_segment_ids,
 )
 from retention.ops import (
     RETENTION_IMPLS,
@@ -41,6 +42,7 @@ from retention.ops import (
     sympow_dim,
 )
 from retention.ops.power_retention import default_chunk_size
+from retention.ops.power_retention.recurrent import chunk_states
 from retention.ops.power_retention.state import clear_rows
 from retention.validation import check_choice, check_int, check_number
 
@@ -108,13 +110,17 @@ class PowerRetention(QKVMixer):
         positions: Int[Array, "*b T"],
         segment_ids: Int[Array, "B T"] | None = None,
         cache: RetentionCache | None = None,
+        trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], RetentionCache | None]:
         """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
         T tokens continuing the cache (the step op; rows whose first token starts a new document begin from an
-        empty state). segment_ids enter here, and only here. Returns (y [B, T, D], the new cache or None)."""
+        empty state). segment_ids enter here, and only here. Returns (y [B, T, D], the new cache or None); with
+        `trail` (a verify step) the caches after each token instead, every field stacked [T, ...]: the states from
+        the one chunk (`chunk_states`, T D (d + 1) float32 per kv-head), the conv caches per token."""
         T = x_BTD.shape[1]
         decode = cache is not None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv if decode else None, decode)
+        conv = cache.conv if decode else None
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
         log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
         options = dict(segment_ids=segment_ids, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
         if decode:
@@ -123,8 +129,11 @@ class PowerRetention(QKVMixer):
                 state = clear_rows(state, segment_ids[:, 0] != last_id)
                 last_id = segment_ids[:, -1].astype(jnp.int32)
                 options["segment_ids"] = segment_ids if T > 1 else None  # one token holds no document start
-            y, state = power_retention_step(state, q, k, v, log_g, **options)
-            cache = RetentionCache(state, last_id, conv_cache)
+            y, new_state = power_retention_step(state, q, k, v, log_g, **options)
+            if trail:
+                states = chunk_states(state, k, v, log_g, segment_ids=options["segment_ids"], deg=self.deg)
+                return self.out(y), RetentionCache(states, trail_segment_ids(last_id, segment_ids, T), conv_cache)
+            cache = RetentionCache(new_state, last_id, conv_cache)
         elif context_parallel_size() > 1:
             y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:

@@ -1,10 +1,11 @@
 """What every q/k/v mixer shares: the optional parts between the projections and the op (the short convolution
 and QK RMSNorm), the projections themselves with RoPE, and their sizes for the mixer registry's formulas."""
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConv, check_conv_size
 from retention.nn.layers import QKNorm, apply_rope, check_heads, check_rope_base
@@ -95,19 +96,28 @@ class QKVMixer(nnx.Module):
             heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
 
+    def rollback(self, before, trail, kept: Int[Array, ""]):
+        """The cache after the first `kept` (0..T) tokens of a verify step from the cache `before`, given the step's
+        trail (the call with `trail=True`: every cache field stacked per token, [T, ...]); see `select_kept`."""
+        return select_kept(before, trail, kept)
+
     def out(self, y_BTHd: Float[Array, "B T Hq d"]) -> Float[Array, "B T D"]:
         """The output projection of the op's heads (named "o_proj" for the remat policies, remat.py)."""
         B, T = y_BTHd.shape[:2]
         return checkpoint_name(self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim)), "o_proj")
 
 
-def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool):
+def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, *, trail: bool = False):
     """q [B, T, Hq, d], k and v [B, T, H, d] of either mixer: projections, the short convolution (continuing
     `conv_cache` when decoding; within each document of segment_ids [B, T] or None), QK RMSNorm and RoPE as
-    configured; and the new conv cache (None when not decoding or without a convolution). The projections' outputs are
-    named "q_proj", "k_proj" and "v_proj" for the remat policies (remat.py)."""
+    configured; and the new conv cache (None when not decoding or without a convolution), or with `trail` the conv
+    caches after each token stacked [T, ...] (`QKVConv.trail`). The projections' outputs are named "q_proj",
+    "k_proj" and "v_proj" for the remat policies (remat.py)."""
     B, T, _ = x_BTD.shape
     q, k, v = (checkpoint_name(getattr(mixer, n)(x_BTD), n) for n in ("q_proj", "k_proj", "v_proj"))
+    conv_trail = None
+    if mixer.conv is not None and trail:
+        conv_trail = mixer.conv.trail(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache)
     if mixer.conv is not None:
         q, k, v, conv_cache = mixer.conv(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache if decode else None)
     q = q.reshape(B, T, mixer.heads, mixer.head_dim)
@@ -117,4 +127,18 @@ def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool):
         q, k = mixer.qk_norm(q, k)
     if mixer.rope_base is not None:
         q, k = apply_rope(q, positions, mixer.rope_base), apply_rope(k, positions, mixer.rope_base)
-    return q, k, v, conv_cache
+    return q, k, v, conv_trail if trail else conv_cache
+
+
+def select_kept(before, trail, kept: Int[Array, ""]):
+    """Entry kept - 1 of every leaf of a per-token stacked cache `trail` ([T, ...]), or `before` when kept is 0."""
+    index = jnp.maximum(kept - 1, 0)
+    pick = lambda b, t: jnp.where(kept == 0, b, jax.lax.dynamic_index_in_dim(t, index, keepdims=False))
+    return jax.tree.map(pick, before, trail)
+
+
+def trail_segment_ids(last_id_B: Int[Array, " B"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
+    """Each row's last segment id after each of a step's T tokens, [T, B]: the step's ids, or (None) the row's."""
+    if segment_ids_BT is None:
+        return jnp.broadcast_to(last_id_B, (T,) + last_id_B.shape)
+    return segment_ids_BT.T.astype(jnp.int32)

@@ -7,7 +7,7 @@ import importlib
 
 _HOMES = {
     "retention.serve.engine": ("Engine",),
-    "retention.serve.quantized_state": ("QuantizedState", "dequantize_states", "quantize_states"),
+    "retention.serve.quantized_state": ("QuantizedArray", "dequantize_states", "quantize_states", "round_trip_states"),
     "retention.serve.speculative": ("speculative_generate", "verify"),
     "retention.serve.snapshot": (
         "Snapshot",

@@ -17,8 +17,9 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn import LM
+from retention.serve.quantized_state import STATE_FORMATS, round_trip_states
 from retention.serve.snapshot import Snapshot, check_snapshot, prefill
-from retention.validation import check_int, check_number
+from retention.validation import check_choice, check_int, check_number
 
 
 @dataclasses.dataclass
@@ -34,17 +35,22 @@ class Request:
 class Engine:
     """`slots` requests decoded as one batch, each cache holding up to max_len tokens (prompt and generated);
     `step_tokens` is the prefill's (a snapshot joining must have been made with the same max_len and step_tokens).
+    `state_format` (8, 4 or "fp8"; None: float32): every decode step reads the recurrent states re-quantized per
+    row, as `generate(..., state_format=...)` does.
 
     submit(prompt or snapshot, ...) -> request id; step() -> {request id: token} for one token of every request;
     finished: {request id: its generated tokens} for the requests that left; run() steps until every slot is free.
     A request's tokens are drawn from its own key, folded with the token's index (greedy: argmax)."""
 
-    def __init__(self, model: LM, *, slots: int, max_len: int, step_tokens: int = 1):
+    def __init__(self, model: LM, *, slots: int, max_len: int, step_tokens: int = 1, state_format=None):
         if not isinstance(model, LM):
             raise TypeError(f"model must be an LM, got {type(model).__name__}")
         check_int("slots", slots)
         check_int("max_len", max_len)
         check_int("step_tokens", step_tokens)
+        if state_format is not None:
+            check_choice("state_format", state_format, STATE_FORMATS)
+        self.state_format = state_format
         self.model, self.slots, self.max_len, self.step_tokens = model, slots, max_len, step_tokens
         one = model.init_caches(1, max_len, step_tokens=step_tokens)
         self.caches = jax.tree.map(lambda x: jnp.broadcast_to(x, (slots,) + x.shape), one)
@@ -133,6 +139,7 @@ class Engine:
             self.top_k_S,
             self.key_S,
             self.count_S,
+            state_format=self.state_format,
         )
         self.count_S = self.count_S + 1
         out = {}
@@ -169,13 +176,14 @@ def _sample_slot(logits_V: Float[Array, " V"], key, temperature, top_k) -> Int[A
     return jnp.where(temperature > 0, drawn, jnp.argmax(logits_V)).astype(jnp.int32)
 
 
-@partial(jax.jit, static_argnames=("graphdef",), donate_argnums=(2,))
-def _step(graphdef, state, caches, logits_S1V, active_S, temperature_S, top_k_S, key_S, count_S):
-    """(token [S] drawn from each slot's logits, the logits and caches after decoding it); free slots keep
-    their caches."""
+@partial(jax.jit, static_argnames=("graphdef", "state_format"), donate_argnums=(2,))
+def _step(graphdef, state, caches, logits_S1V, active_S, temperature_S, top_k_S, key_S, count_S, *, state_format):
+    """(token [S] drawn from each slot's logits, the logits and caches after decoding it, from states re-quantized
+    in state_format when given); free slots keep their caches."""
     model = nnx.merge(graphdef, state)
     keys = jax.vmap(jax.random.fold_in)(key_S, count_S)
     token_S = jax.vmap(_sample_slot)(logits_S1V[:, 0], keys, temperature_S, top_k_S)
-    logits, new = jax.vmap(lambda t, c: model.decode_step(t[None, None], c))(token_S, caches)
+    read = (lambda c: c) if state_format is None else (lambda c: round_trip_states(c, state_format))
+    logits, new = jax.vmap(lambda t, c: model.decode_step(t[None, None], read(c)))(token_S, caches)
     keep = lambda n, o: jnp.where(active_S.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)
     return token_S, logits[:, :, -1], jax.tree.map(keep, new, caches)

@@ -5,7 +5,9 @@ values, float or quantized; the tokens seen; each row's segment id and next RoPE
 logits (the first new token's distribution) and, as static fields, the model config it came from, a digest of the
 model's weights, max_len and step_tokens (the caches' shapes). `prefill` makes one; `extend` runs more tokens into
 it; `generate(model, suffix, n, start=snapshot)` continues from it; `fork` copies a one-row snapshot to n rows;
-`save_snapshot` / `load_snapshot` write and read one safetensors file with a checksum pair per array.
+`save_snapshot` / `load_snapshot` write and read one safetensors file with a checksum pair per array, its
+recurrent states float32 or quantized per row (`save_snapshot(..., state_format=8 | 4 | "fp8")`: quantized_state.py;
+fp8 values are stored as their bytes, uint8, since the file's flax reader has no float8 type).
 
 Files are safetensors, not Orbax: a snapshot is a few arrays written and read whole, which safetensors keeps in one
 file with a JSON header (the config, shapes and checksums); Orbax writes a folder of several files through its
@@ -155,15 +157,26 @@ def fork(snapshot: Snapshot, n: int) -> Snapshot:
     return dataclasses.replace(snapshot, caches=caches, logits=logits)
 
 
+def _stored(x: Array) -> Array:
+    """An array as the file holds it: float8 as its bytes (uint8)."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint8) if x.dtype == jnp.float8_e4m3fn else x
+
+
 def _tensors(snapshot: Snapshot) -> dict[str, Array]:
-    return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(snapshot)}
+    return {jax.tree_util.keystr(p): _stored(x) for p, x in jax.tree_util.tree_leaves_with_path(snapshot)}
 
 
-def save_snapshot(path: str | os.PathLike, snapshot: Snapshot) -> None:
+def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=None) -> None:
     """Write the snapshot to one safetensors file: its arrays, and in the header its config, weights digest,
-    shapes and the checksum pair of every array."""
+    shapes, the format of its recurrent states and the checksum pair of every array. state_format (8, 4, "fp8"):
+    quantize the float32 states per row first (`quantize_states`); None writes them as they are (float32, or
+    quantized already). `load_snapshot` gives back what was written."""
+    from retention.serve.quantized_state import quantize_states, state_format_of  # it builds on this module
+
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
+    if state_format is not None:
+        snapshot = quantize_states(snapshot, state_format)
     checksums, _ = tree_checksums(snapshot)
     header = {
         "format": FORMAT,
@@ -172,14 +185,18 @@ def save_snapshot(path: str | os.PathLike, snapshot: Snapshot) -> None:
         "rows": snapshot.rows,
         "max_len": snapshot.max_len,
         "step_tokens": snapshot.step_tokens,
+        "state_format": state_format_of(snapshot),
         "checksums": checksums,
     }
     safetensors.flax.save_file(_tensors(snapshot), os.fspath(path), metadata={"snapshot": json.dumps(header)})
 
 
 def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
-    """The snapshot saved at `path`, for `model`: ValueError naming the file when it cannot be read or an array
-    fails its checksum, and naming the differing fields when it comes from another config (or other weights)."""
+    """The snapshot saved at `path`, for `model` (its states quantized when they were saved so: `dequantize_states`
+    to continue): ValueError naming the file when it cannot be read or an array fails its checksum, and naming
+    the differing fields when it comes from another config (or other weights)."""
+    from retention.serve.quantized_state import STATE_FORMATS, quantize_states  # it builds on this module
+
     path = os.fspath(path)
     try:
         with safetensors.safe_open(path, framework="flax") as f:
@@ -190,6 +207,9 @@ def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
         raise ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}") from e
     if difference := _config_difference(config, model.config):
         raise ValueError(f"snapshot file {path} comes from another model config: {difference}")
+    state_format = header.get("state_format")
+    if state_format is not None and state_format not in STATE_FORMATS:
+        raise ValueError(f"snapshot file {path} is damaged: unknown state_format {state_format!r}")
     if header["weights_digest"] != weights_digest(model):
         raise ValueError(f"snapshot file {path} comes from a model with other weights (its weights digest differs)")
     abstract = Snapshot(
@@ -200,13 +220,17 @@ def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
         header["max_len"],
         header["step_tokens"],
     )
+    if state_format is not None:
+        abstract = jax.eval_shape(lambda s: quantize_states(s, state_format), abstract)
     paths, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     keys = [jax.tree_util.keystr(p) for p, _ in paths]
-    fits = lambda k, a: k in tensors and (tensors[k].shape, tensors[k].dtype) == (a.shape, a.dtype)
+    stored = lambda a: jax.eval_shape(_stored, a)
+    fits = lambda k, a: k in tensors and (tensors[k].shape, tensors[k].dtype) == (stored(a).shape, stored(a).dtype)
     wrong = [k for k, (_, a) in zip(keys, paths) if not fits(k, a)]
     if wrong or len(tensors) != len(keys):
         raise ValueError(f"snapshot file {path} is damaged: its arrays do not match the snapshot's ({wrong[:1]})")
-    snapshot = jax.tree_util.tree_unflatten(treedef, [tensors[k] for k in keys])
+    read = lambda k, a: jax.lax.bitcast_convert_type(tensors[k], a.dtype) if a.dtype != tensors[k].dtype else tensors[k]
+    snapshot = jax.tree_util.tree_unflatten(treedef, [read(k, a) for k, (_, a) in zip(keys, paths)])
     bad, _ = mismatched(header["checksums"], snapshot)
     if bad:
         raise ValueError(f"snapshot file {path} is damaged: {len(bad)} arrays differ from their checksums ({bad[0]})")

@@ -1,15 +1,18 @@
 """Greedy speculative decoding with rollback: a draft model proposes k tokens, the target checks them in one decode
 step of k + 1 tokens, and the caches go back to the longest accepted prefix.
 
-`verify(target, snapshot, tokens)` runs [last, d_1..d_k] through the target from a snapshot holding every token
-before `last`: the target's greedy choice after each, how many drafts it accepts (j, the leading matches), and
-the snapshot after [last, d_1..d_j]. That snapshot is the pre-verify snapshot (a value, untouched by the verify
-step) extended by the j + 1 accepted tokens: a second target call of j + 1 tokens, not the verify step's own
-per-position states (the chunk step returns only the state after all k + 1), so the rolled-back caches are exactly
-those of running the accepted tokens. The draft keeps one snapshot per proposed token and goes back to the one
-after the accepted prefix. `speculative_generate` loops this; its tokens equal the target's greedy `generate`.
+`verify(target, snapshot, tokens)` runs [last, d_1..d_k] through the target in one verify step (`LM.verify_step`)
+from a snapshot holding every token before `last`: the target's greedy choice after each, how many drafts it
+accepts (j, the leading matches), and the snapshot after [last, d_1..d_j], selected from the step's per-token
+caches (`LM.rollback`), with no second target call: a power-retention layer's states after each token from the one
+chunk (k + 1 states of D (d + 1) float32 per kv-head: 2.6 MiB per head at d = 64, degree 2, k = 4), a matrix-state
+layer's from a scan of k + 1 one-token steps, an attention layer's keys and values cut back to the accepted tokens
+(a ring buffer's overwritten slots restored from the pre-verify snapshot, a value the step leaves untouched), the
+conv caches per token. The draft keeps one snapshot per proposed token and goes back to the one after the
+accepted prefix. `speculative_generate` loops this; its tokens equal the target's greedy `generate`.
 """
 
+import dataclasses
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -42,8 +45,9 @@ class Speculated(NamedTuple):
 
 def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
     """Feed [last, d_1..d_k] (int [1, k + 1]) to the target in one decode step from a one-row snapshot that holds
-    every token before `last`; accept the leading drafts the target's greedy choices match. The step needs
-    k + 1 <= snapshot.step_tokens (a sliding-window ring buffer holds that many new tokens)."""
+    every token before `last`; accept the leading drafts the target's greedy choices match, and roll the caches
+    back to them from the step's per-token caches. The step needs k + 1 <= snapshot.step_tokens (a sliding-window
+    ring buffer has window + step_tokens - 1 slots: slack for step_tokens new tokens beside the window)."""
     check_snapshot(target, snapshot, "snapshot")
     if snapshot.rows != 1 or getattr(tokens_1n, "ndim", None) != 2 or tokens_1n.shape[0] != 1:
         raise ValueError(f"verify takes one row: a one-row snapshot and tokens [1, k + 1], got {snapshot.rows} rows")
@@ -51,14 +55,21 @@ def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
     if k + 1 > snapshot.step_tokens:
         raise ValueError(
             f"k={k} drafts (k + 1 = {k + 1} tokens a verify step) is larger than the snapshot's step_tokens="
-            f"{snapshot.step_tokens}: prefill with step_tokens >= k + 1"
+            f"{snapshot.step_tokens} (a sliding window's ring buffer holds window + step_tokens - 1 keys, slack for "
+            f"{snapshot.step_tokens} new ones): prefill with step_tokens >= k + 1"
         )
     tokens_1n = jnp.asarray(tokens_1n, jnp.int32)
-    logits, _ = target.decode_step(tokens_1n, snapshot.caches)
+    length = int(snapshot.caches.length)
+    if "A" in target.config.layer_kinds and length + k + 1 > snapshot.max_len:
+        raise ValueError(
+            f"the snapshot holds {length} tokens of max_len={snapshot.max_len}: no room for k + 1 = {k + 1}"
+        )
+    logits, trails = target.verify_step(tokens_1n, snapshot.caches)
     choices = np.asarray(jnp.argmax(logits[0], axis=-1))
     drafts = np.asarray(tokens_1n[0, 1:])
     accepted = int(np.argmin(np.append(choices[:k] == drafts, False)))
-    return Verified(choices, accepted, extend(target, snapshot, tokens_1n[:, : accepted + 1]))
+    caches = target.rollback(snapshot.caches, trails, accepted + 1)
+    return Verified(choices, accepted, dataclasses.replace(snapshot, caches=caches, logits=logits[:, accepted]))
 
 
 def _greedy(snapshot: Snapshot) -> int:

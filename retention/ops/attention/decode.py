@@ -75,6 +75,24 @@ def fill_kv_cache(
     )
 
 
+_SLOT_AXIS = {"k": 2, "v": 2, "k_scale": 2, "v_scale": 2, "pos": 0, "segment_ids": 1}
+
+
+def keep_first(before, after, kept: Int[Array, ""]):
+    """The cache `after` (a KVCache or QuantizedKVCache after a step from `before`) cut back to the step's first
+    `kept` tokens: the slots its later tokens wrote hold `before`'s entries again (in a ring buffer, the old keys
+    they overwrote) and the length is before.length + kept. Exactly the cache of a step of those `kept` tokens,
+    with no copy kept but `before` itself."""
+    dropped_L = after.pos >= before.length + kept
+
+    def restore(field: str, old, new):
+        if field == "length":
+            return before.length + kept
+        return jnp.where(dropped_L.reshape((-1,) + (1,) * (new.ndim - _SLOT_AXIS[field] - 1)), old, new)
+
+    return type(after)(*(restore(f, getattr(before, f), getattr(after, f)) for f in after._fields))
+
+
 def describe_array(x) -> str:
     """An array's shape and dtype for a message, or its type when it is no array."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
