@@ -17,7 +17,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn.mamba2 import init_decay
-from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
+from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, matrix_cache_bytes, run_mixing
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
@@ -30,7 +30,7 @@ def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
     return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
-class GatedDeltaNet(QKVMixer):
+class GatedDeltaNet(MatrixStateMixer, QKVMixer):
     """The Gated DeltaNet mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)),
     conv_size taps of short convolution (0: none), optional QK RMSNorm before the L2 normalisation."""
 
@@ -95,15 +95,10 @@ class GatedDeltaNet(QKVMixer):
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)
         return self.out(o), cache
 
-    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
-        """A prompt into a fresh cache: the same as a call with the cache."""
-        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
-
-    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
-        """An empty state [batch, kv_heads, head_dim, head_dim] float32, last segment ids 0 [batch], the conv cache
-        in `dtype` (None: float32): the same size at any max_len and step_tokens."""
-        dims = (self.kv_heads, self.head_dim, self.head_dim)
-        return init_matrix_cache(batch, max_len, dtype, state_dims=dims, conv=self.conv)
+    @property
+    def state_dims(self) -> tuple[int, int, int]:
+        """The state's (heads, d_k, d_v)."""
+        return (self.kv_heads, self.head_dim, self.head_dim)
 
 
 def _build(config, *, rngs: nnx.Rngs) -> GatedDeltaNet:

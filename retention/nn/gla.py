@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, matrix_cache_bytes, run_mixing
+from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, matrix_cache_bytes, run_mixing
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
@@ -25,7 +25,7 @@ GATE_RANK = 16  # the decay's low-rank projection (the paper's)
 GATE_NORMALISER = 16.0  # log-gates divided by this: decays start near 1 (the paper's)
 
 
-class GatedLinearAttention(QKVMixer):
+class GatedLinearAttention(MatrixStateMixer, QKVMixer):
     """The GLA mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)), conv_size
     taps of short convolution (0: none), optional QK RMSNorm."""
 
@@ -87,14 +87,10 @@ class GatedLinearAttention(QKVMixer):
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)
         return self.out(o), cache
 
-    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
-        """A prompt into a fresh cache: the same as a call with the cache."""
-        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
-
-    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
-        """An empty state (`matrix_state.init_matrix_cache`): the same size at any max_len and step_tokens."""
-        dims = (self.kv_heads, self.head_dim, self.head_dim)
-        return init_matrix_cache(batch, max_len, dtype, state_dims=dims, conv=self.conv)
+    @property
+    def state_dims(self) -> tuple[int, int, int]:
+        """The state's (heads, d_k, d_v)."""
+        return (self.kv_heads, self.head_dim, self.head_dim)
 
 
 def _build(config, *, rngs: nnx.Rngs) -> GatedLinearAttention:

@@ -24,9 +24,9 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConv, check_conv_size
-from retention.nn.matrix_state import MatrixStateCache, init_matrix_cache, run_mixing, state_bytes
+from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, run_mixing, state_bytes
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import conv_cache_bytes, select_kept
+from retention.nn.qkv import conv_cache_bytes
 from retention.ops import check_chunk_size, linear_attention, linear_attention_step
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
@@ -64,7 +64,7 @@ def check_mamba2_dims(d_model: int, head_dim: int, state_size: int, expand: int,
     return heads
 
 
-class Mamba2(nnx.Module):
+class Mamba2(MatrixStateMixer, nnx.Module):
     """The Mamba2 mixer (module docstring): H = expand * d_model / head_dim heads, n_groups groups of B and C of
     state_size each, conv_size taps of short convolution (0: none)."""
 
@@ -151,19 +151,10 @@ class Mamba2(nnx.Module):
         y = self.norm(gated).reshape(B, T, self.d_inner) * self.norm_scale[...].astype(jnp.float32)
         return self.out_proj(y.astype(x_BTD.dtype)), cache
 
-    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
-        """A prompt into a fresh cache: the same as a call with the cache."""
-        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
-
-    def rollback(self, before: MatrixStateCache, trail: MatrixStateCache, kept: Int[Array, ""]) -> MatrixStateCache:
-        """The cache after the first `kept` tokens of a verify step (see `qkv.select_kept`)."""
-        return select_kept(before, trail, kept)
-
-    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
-        """An empty state [batch, H, state_size, head_dim] float32, last segment ids 0 [batch], the conv cache of
-        x, B and C in `dtype` (None: float32): the same size at any max_len and step_tokens."""
-        dims = (self.heads, self.state_size, self.head_dim)
-        return init_matrix_cache(batch, max_len, dtype, state_dims=dims, conv=self.conv)
+    @property
+    def state_dims(self) -> tuple[int, int, int]:
+        """The state's (heads, d_k, d_v)."""
+        return (self.heads, self.state_size, self.head_dim)
 
 
 def _build(config, *, rngs: nnx.Rngs) -> Mamba2:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConvCache
-from retention.nn.qkv import conv_cache_bytes, trail_segment_ids
+from retention.nn.qkv import conv_cache_bytes, select_kept, trail_segment_ids
 from retention.ops import context_parallel_size, init_matrix_state
 from retention.validation import check_int
 
@@ -63,6 +63,25 @@ def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_ca
     if trail:
         return o, MatrixStateCache(step_states(step_op, state, args, segment_ids), ids_TB, conv_cache)
     return o, MatrixStateCache(new_state, ids_TB[-1], conv_cache)
+
+
+class MatrixStateMixer:
+    """What the matrix-state mixers (D, G, M) share past their projections: a prompt prefills as a call with the
+    cache, the cache is `init_matrix_cache` of the mixer's `state_dims` (heads, d_k, d_v) and its `conv`, and a
+    verify step rolls back by `select_kept`."""
+
+    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
+        """A prompt into a fresh cache: the same as a call with the cache."""
+        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
+        """An empty state [batch, *state_dims] float32, last segment ids 0 [batch], the conv cache in `dtype`
+        (None: float32): the same size at any max_len and step_tokens."""
+        return init_matrix_cache(batch, max_len, dtype, state_dims=self.state_dims, conv=self.conv)
+
+    def rollback(self, before: MatrixStateCache, trail: MatrixStateCache, kept: Int[Array, ""]) -> MatrixStateCache:
+        """The cache after the first `kept` tokens of a verify step (see `qkv.select_kept`)."""
+        return select_kept(before, trail, kept)
 
 
 def init_matrix_cache(batch: int, max_len: int, dtype, *, state_dims: tuple[int, int, int], conv) -> MatrixStateCache:
