@@ -70,8 +70,8 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
     mqar, t32 = 2.0 + 3 * 4 * 64 / 1280, 2.0 + 3 * 4 * 32 / 1280  # 3 steps of 4 x 64 (4 x 32) tokens
     assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
     assert out["train_s"] == pytest.approx(13 * mqar + 4 * t32) == out["train_s_earliest"]  # 3 steps: no stop
-    assert out["extend_s_max"] == pytest.approx(4 * mqar + 2 * t32)
-    assert out["test_s"] == pytest.approx(12 * 30.0) and out["speed_s"] is None
+    assert out["extend_s_max"] == pytest.approx(5 * mqar + 2 * t32)
+    assert out["test_s"] == pytest.approx(13 * 30.0) and out["speed_s"] is None
     assert out["total_s"] == pytest.approx(out["train_s"] + out["extend_s_max"] + out["test_s"])
     assert out["total_s_earliest"] == pytest.approx(out["train_s"] + out["test_s"])
     made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's
