@@ -14,3 +14,42 @@ if "xla_backend_optimization_level" not in _flags:
 import jax  # noqa: E402 (after XLA_FLAGS)
 
 jax.config.update("jax_enable_x64", True)
+
+
+def _memory_maps() -> int:
+    """The memory maps of this process (Linux; 0 where /proc is missing)."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return 0
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+CLEAR_AT_MAPS = _map_limit() // 2
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Every compiled CPU program holds about 6 memory maps until JAX drops it, and a process past the kernel's
+    vm.max_map_count (65530 by default) segfaults in its next compile: a pytest worker compiles over 10,000 programs
+    in a run. So once this process holds half the limit, JAX's caches are cleared (their programs compile again
+    when next called)."""
+    if _memory_maps() > CLEAR_AT_MAPS:
+        jax.clear_caches()
+
+
+RUN_FIRST = ("tests/parallel/test_eight_devices.py", "tests/experiments/test_protocol.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The longest tests (the 8-device subprocesses, the tiny comparison) first, so that two xdist workers do not
+    end the run with one of them alone on a long test; the rest keep their order."""
+    rank = lambda item: next((i for i, path in enumerate(RUN_FIRST) if item.nodeid.startswith(path)), len(RUN_FIRST))
+    items.sort(key=rank)

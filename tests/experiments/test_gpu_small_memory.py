@@ -15,6 +15,7 @@ H200_BYTES = 139 * 2**30  # what the device reports (about 141 GB)
 JAX_DEFAULT_FRACTION = 0.75  # XLA_PYTHON_CLIENT_MEM_FRACTION's default: the share JAX preallocates
 
 
+@pytest.mark.slow  # a 64k-token step of a 30M model compiled for the CPU
 @pytest.mark.parametrize("model", ["softmax", "power"])
 def test_gpu_small_train_steps_fit_an_h200(model):
     cfg = compose_config(entry_overrides(model, GPU_SMALL))

@@ -167,6 +167,7 @@ def tiny(tmp_path_factory):
     return runs
 
 
+@pytest.mark.xdist_group("tiny_comparison")  # one worker runs the `tiny` fixture, once
 def test_each_run_keeps_its_config_command_summary_and_test(tiny):
     folder = Run("mqar", "power", 1e-2, 0).folder(tiny)
     record = json.loads((folder / RECORD).read_text())
@@ -179,6 +180,7 @@ def test_each_run_keeps_its_config_command_summary_and_test(tiny):
     assert json.loads((folder / SUMMARY).read_text())["steps"] == 3
 
 
+@pytest.mark.xdist_group("tiny_comparison")  # one worker runs the `tiny` fixture, once
 def test_long_lengths_left_out_are_marked(tiny):
     test = json.loads((Run("mqar", "softmax", 1e-2, 0).folder(tiny) / TEST).read_text())
     assert test["256"] == {"skipped": "not run: time on this machine"} and "accuracy" in test["64"]
@@ -190,6 +192,7 @@ def test_long_lengths_left_out_are_marked(tiny):
     assert all(v["skipped"].startswith("not run: memory") for v in out.values())
 
 
+@pytest.mark.xdist_group("tiny_comparison")  # one worker runs the `tiny` fixture, once
 def test_decode_eval_with_a_float_cache_equals_the_forward(tiny):
     """The decode path of the quantized-cache eval, run with a float cache, gives the full forward's sums."""
     run = Run("mqar", "softmax", 1e-2, 0)
@@ -206,6 +209,7 @@ def test_decode_eval_with_a_float_cache_equals_the_forward(tiny):
         assert float(stepped[key]) == pytest.approx(float(full[key]), rel=1e-5), key
 
 
+@pytest.mark.xdist_group("tiny_comparison")  # one worker runs the `tiny` fixture, once
 def test_collect_and_report(tiny, tmp_path):
     data = tmp_path / "data"
     data.mkdir()

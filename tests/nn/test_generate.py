@@ -136,7 +136,7 @@ def test_prompt_ids_outside_the_vocabulary_are_refused(bad):
     assert padded.tokens.shape == (1, 6)
 
 
-@pytest.mark.parametrize("pattern", ["P", "A", "W", "PA", "PW"])
+@pytest.mark.parametrize("pattern", [*(pytest.param(p, marks=pytest.mark.slow) for p in ("P", "A", "PW")), "W", "PA"])
 def test_ragged_prompts_shorter_than_the_convolution_generate_as_alone(pattern):
     """conv_size 4: prompts of 1 token (fewer than conv_size - 1) left-padded, and prompt_lengths [1, 5, 9, 13] in
     one batch: each row's greedy tokens equal its prompt generated alone, token for token (the padding never

@@ -28,7 +28,7 @@ M_SIZES = dict(ssm_state_size=6, ssm_groups=2)  # the LM tests' M layers (D and 
 
 
 @pytest.mark.parametrize("letter", MIXERS)
-@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("n", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_decode_steps_equal_forward(letter, n):
     """Prefill 8 rows, then steps of n tokens (GQA, a short convolution of 4): the rows equal the full forward."""
     mixer = MIXERS[letter](conv_size=4, rngs=nnx.Rngs(1))

@@ -29,7 +29,10 @@ def tokens(key, B, T, vocab):
     return jax.random.randint(jax.random.key(key), (B, T), 0, vocab, dtype=jnp.int32)
 
 
-@pytest.mark.parametrize("pattern, conv_size", [("A", 0), ("W", 4), ("P", 0), ("P", 4), ("PPPA", 4), ("DA", 4)])
+@pytest.mark.parametrize(
+    "pattern, conv_size",
+    [("A", 0), ("W", 4), pytest.param("P", 0, marks=pytest.mark.slow), ("P", 4), ("PPPA", 4), ("DA", 4)],
+)
 def test_prefill_then_decode_equals_forward(pattern, conv_size):
     """Prefill 17 tokens (the chunked path for P: past the chunk of 16), then decode the other 12 one at a time
     and 3 at a time; the window of 5 makes the W ring buffer wrap. Logits equal one full forward of 29."""
@@ -50,7 +53,7 @@ def test_prefill_then_decode_equals_forward(pattern, conv_size):
         assert rel_err(jnp.concatenate(pieces, axis=1), full) < 1e-5, (pattern, n)
 
 
-@pytest.mark.parametrize("T", [23, 32])
+@pytest.mark.parametrize("T", [23, pytest.param(32, marks=pytest.mark.slow)])
 def test_causal(T):
     """The gradient of the logits at position t w.r.t. the input embeddings after t is exactly zero (P, W and A
     layers; T=32 fills two chunks of 16, T=23 pads the second)."""
@@ -257,7 +260,7 @@ def test_token_ids_and_segment_ids_are_checked():
         )
 
 
-@pytest.mark.parametrize("pattern", ["P", "A", "W", "PA", "PW"])
+@pytest.mark.parametrize("pattern", [*(pytest.param(p, marks=pytest.mark.slow) for p in ("P", "A", "PW")), "W", "PA"])
 def test_decode_after_a_short_last_document_continues_only_that_document(pattern):
     """A packed prompt whose last document has 1 or 2 tokens, fewer than conv_size - 1 = 3, then decode steps with
     segment_ids None (continue each row's last document): every logit of that document equals the document run

@@ -63,7 +63,7 @@ def assert_trees_close(a, b, tol):
             assert x.shape == y.shape and rel_err(x, y) < tol, (jax.tree_util.keystr(path), rel_err(x, y))
 
 
-@pytest.mark.parametrize("pattern, n_layers", [("P", 3), ("PA", 4), ("PPPA", 4)])
+@pytest.mark.parametrize("pattern, n_layers", [pytest.param("P", 3, marks=pytest.mark.slow), ("PA", 4), ("PPPA", 4)])
 def test_scanned_equals_unscanned(pattern, n_layers):
     """Random per-layer parameters (so a layer taken out of order changes the output), converted to the scanned
     form: the same logits and gradients (the gradients converted back), and the conversion round-trips."""

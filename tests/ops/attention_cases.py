@@ -20,7 +20,7 @@ import pytest
 from einops import rearrange
 
 from tests.helpers import f64, rel_err
-from tests.ops.cases import BF16_TOL, F32_TOL, segment_ids, separately
+from tests.ops.cases import BF16_TOL, F32_TOL, case_marks, segment_ids, separately
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Case:
     dtype: str = "float32"
     B: int = 2
     docs: tuple | None = None  # packed: per row, the document lengths (summing to T)
+    slow: bool = False  # a further case of what the quick ones check: its tests are marked slow (make test-all)
 
     @property
     def id(self) -> str:
@@ -53,14 +54,14 @@ CASES = [
     Case(37, 4, 2, 16, None, 16),  # odd T over 3 blocks, GQA
     Case(64, 2, 2, 8, 9, 16),  # a window shorter than a block, crossing block edges (a 9-slot ring buffer)
     Case(45, 4, 1, 8, 1, 16),  # window 1: each query sees its own key only (dq = dk = 0); 4 query heads a kv-head
-    Case(52, 2, 1, 16, 80, 32),  # a window longer than T: full attention
-    Case(68, 4, 2, 8, 20, 32),  # a window spanning a block edge, 3 blocks, the last part padding
+    Case(52, 2, 1, 16, 80, 32, slow=True),  # a window longer than T: full attention
+    Case(68, 4, 2, 8, 20, 32, slow=True),  # a window spanning a block edge, 3 blocks, the last part padding
     Case(40, 4, 2, 16, None, None, dtype="bfloat16"),  # the default block
-    Case(33, 2, 1, 8, 6, 16, dtype="bfloat16"),
+    Case(33, 2, 1, 8, 6, 16, dtype="bfloat16", slow=True),
     # packed: documents of length 1, one starting exactly on a block edge (16), one across one; starts at
     # device boundaries of 8 devices (36; 16, 32)
     Case(72, 4, 2, 8, None, 16, docs=((1, 15, 20, 1, 1, 34), (5, 11, 16, 2, 29, 9))),
-    Case(64, 2, 1, 8, 9, 16, docs=((5, 11, 16, 2, 21, 9), (1, 31, 1, 31))),
+    Case(64, 2, 1, 8, 9, 16, docs=((5, 11, 16, 2, 21, 9), (1, 31, 1, 31)), slow=True),
 ]
 
 
@@ -68,7 +69,7 @@ def case_ids(supported=lambda case: True) -> list:
     """pytest params (case, id=case.id) for the cases a path supports. Each case's tests share one xdist group
     (pyproject: --dist loadgroup), so one worker computes its inputs and oracle, once."""
     chosen = [case for case in CASES if supported(case)]
-    return [pytest.param(case, id=case.id, marks=pytest.mark.xdist_group("attention-" + case.id)) for case in chosen]
+    return [pytest.param(case, id=case.id, marks=case_marks("attention-" + case.id, case.slow)) for case in chosen]
 
 
 @functools.cache

@@ -51,6 +51,7 @@ class Case:
     B: int = 2
     docs: tuple | None = None  # packed: per row, the document lengths (summing to T)
     reset: str = "segment_ids"  # how a packed case marks its document starts: "segment_ids" or "log_g" (-inf)
+    slow: bool = False  # a further case of what the quick ones check: its tests are marked slow (make test-all)
 
     @property
     def id(self) -> str:
@@ -77,15 +78,16 @@ CASES = [
     Case(1, 2, 2, 32, 2, None, 16),  # one token (the Pallas decode kernel alone: 2 column blocks on GPU)
     Case(37, 4, 2, 16, 2, "mild", 16, init=True),  # GQA, odd T over 3 chunks, from a state
     Case(63, 2, 2, 6, 4, "strong", 32),  # degree 4, strong gates, odd head dim
-    Case(100, 2, 1, 16, 2, "strong", 32, init=True),
-    Case(200, 4, 1, 8, 4, "mild", 16, init=True),  # degree 4, 4 query heads per kv-head, 13 chunks
+    Case(100, 2, 1, 16, 2, "strong", 32, init=True, slow=True),
+    Case(200, 4, 1, 8, 4, "mild", 16, init=True, slow=True),  # degree 4, 4 query heads per kv-head, 13 chunks
     Case(100, 4, 2, 16, 2, "zero", 32, dtype="bfloat16"),
     Case(38, 2, 2, 8, 2, None, None, B=4),  # gating off, the default chunk
-    Case(999, 4, 1, 16, 2, "mild", 128),  # long: 8 chunks, the last one part padding
+    Case(999, 4, 1, 16, 2, "mild", 128, slow=True),  # long: 8 chunks, the last one part padding
     # packed: documents of length 1, one starting exactly on a chunk boundary (16), one spanning one (16 + 20 > 32);
     # T a multiple of 8 (context parallelism on 8 devices: a document starts exactly at device boundary 36)
     Case(72, 4, 2, 8, 2, "mild", 16, init=True, docs=((1, 15, 20, 1, 1, 34), _random_docs(72, 1))),
-    Case(48, 2, 1, 4, 4, None, 16, docs=((7, 1, 8, 29, 3), _random_docs(48, 2))),  # degree 4, ungated, a start at T-3
+    # degree 4, ungated, a start at T-3
+    Case(48, 2, 1, 4, 4, None, 16, docs=((7, 1, 8, 29, 3), _random_docs(48, 2)), slow=True),
     Case(40, 2, 2, 8, 2, "strong", 16, docs=((16, 1, 20, 3), _random_docs(40, 3)), reset="log_g"),
 ]
 
@@ -93,9 +95,14 @@ CASES = [
 def case_ids(supported=lambda case: True, *, packed: bool = False) -> list:
     """pytest params (case, id=case.id) for the cases a path supports, the packed ones only with `packed` (the path
     then takes segment_ids, see the module docstring). Each case's tests share one xdist group (pyproject:
-    --dist loadgroup), so one worker computes its inputs and oracles, once."""
+    --dist loadgroup), so one worker computes its inputs and oracles, once; a case with `slow` is marked slow."""
     chosen = [case for case in CASES if supported(case) and (packed or case.docs is None)]
-    return [pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(case.id)) for case in chosen]
+    return [pytest.param(case, id=case.id, marks=case_marks(case.id, case.slow)) for case in chosen]
+
+
+def case_marks(group: str, slow: bool) -> list:
+    """A case's marks: its xdist group, and slow when it is a further case (make test leaves it out)."""
+    return [pytest.mark.xdist_group(group)] + ([pytest.mark.slow] if slow else [])
 
 
 def segment_ids(case: Case):

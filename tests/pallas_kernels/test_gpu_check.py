@@ -17,6 +17,7 @@ from pallas_kernels.power_retention import config
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # the whole script in a subprocess: its parts are each tested on their own in the quick tier
 def test_quick_run_covers_every_part(tmp_path):
     out, tuned = tmp_path / "check.json", tmp_path / "tuned.json"
     command = [sys.executable, "-m", "experiments.gpu_check", "--quick", "--out", str(out), "--tuned", str(tuned)]

@@ -48,13 +48,13 @@ def _mosaic_path(case: Case, blocks: BlockSizes = MOSAIC):
 
 FORWARD_CASES = [
     Case(150, 4, 2, 64, 2, "mild", 64, dtype="bfloat16", init=True, B=1),  # GQA, 3 chunks, the last part padding
-    Case(100, 2, 2, 64, 2, None, 64, dtype="bfloat16", B=1),  # ungated
-    Case(130, 2, 1, 64, 2, "strong", 64, dtype="bfloat16", B=1, docs=((60, 1, 10, 59),), reset="log_g"),
+    Case(100, 2, 2, 64, 2, None, 64, dtype="bfloat16", B=1, slow=True),  # ungated
+    Case(130, 2, 1, 64, 2, "strong", 64, dtype="bfloat16", B=1, docs=((60, 1, 10, 59),), reset="log_g", slow=True),
     Case(120, 2, 1, 64, 2, "mild", 64, dtype="bfloat16", B=2, docs=((64, 56), (3, 117))),  # a start on a boundary
 ]
 
 
-@pytest.mark.parametrize("case", FORWARD_CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] * c.slow) for c in FORWARD_CASES])
 def test_emulated_forward_matches_oracle(case):
     (q, k, v, log_g, state0), _ = inputs(case)
     packing = (segment_ids(case),) if case.docs is not None and case.reset == "segment_ids" else ()
@@ -80,8 +80,8 @@ def _lowered(fn, args) -> str:
     "B, T, Hq, H, d, gated, chunk",
     [
         (1, 256, 2, 1, 64, True, 128),
-        (2, 200, 2, 2, 64, False, 64),
-        (1, 300, 8, 2, 64, True, 64),
+        pytest.param(2, 200, 2, 2, 64, False, 64, marks=pytest.mark.slow),
+        pytest.param(1, 300, 8, 2, 64, True, 64, marks=pytest.mark.slow),
         (1, 256, 1, 1, 128, True, 64),
     ],
 )

@@ -58,15 +58,26 @@ def _kernel_grads(q, k, v, log_g, S0, z0, segment_ids, ct_y, ct_S):
     return jax.value_and_grad(loss, argnums=tuple(range(6)), has_aux=True)(q, k, v, log_g, S0, z0)
 
 
-def _oracle_grads(q, k, v, log_g, state0, ct_y, ct_S, last: bool):
-    """The float64 recurrence on one document: (y, gradients in (q, k, v, log_g, S0, z0)); the state's cotangent
-    counts only for the row's last document."""
+def _oracle_grads(q, k, v, log_g, state0, ct_y, ct_S, last):
+    """The float64 recurrence on each batch row: (y, gradients in (q, k, v, log_g, S0, z0)); the state's cotangent
+    counts only for the rows where `last` [rows] is true."""
 
     def loss(q, k, v, log_g, S0, z0):
         y, state = power_retention_recurrence(q, k, v, log_g, RetentionState(S0, z0), deg=2)
-        return jnp.sum(y * ct_y) + (jnp.sum(state.S * ct_S) if last else 0.0), y
+        return jnp.sum(y * ct_y) + jnp.sum(state.S * ct_S * jnp.asarray(last)[:, None, None, None]), y
 
     return jax.value_and_grad(loss, argnums=tuple(range(6)), has_aux=True)(*f64(q, k, v, log_g, *state0))
+
+
+def _documents_as_rows(x_BT, L: int):
+    """Each document of DOCS as its own row [R, L, ...], zero-padded at its end (zero keys, values and log-gates
+    change neither a document's rows nor its final state), in DOCS order."""
+    rows = []
+    for b, starts in enumerate(DOCS):
+        for lo, hi in zip(starts, starts[1:] + [T]):
+            pad = [(0, L - (hi - lo))] + [(0, 0)] * (x_BT.ndim - 2)
+            rows.append(jnp.pad(x_BT[b, lo:hi], pad))
+    return jnp.stack(rows)
 
 
 def _cotangents(seed):
@@ -78,20 +89,23 @@ def test_packed_documents_equal_each_document_alone():
     q, k, v, log_g, state0 = _inputs(0)
     ct_y, ct_S = _cotangents(1)
     (_, y), grads = _kernel_grads(q, k, v, log_g, *state0, _segment_ids(), ct_y, ct_S)
-    for b, starts in enumerate(DOCS):
-        for i, (lo, hi) in enumerate(zip(starts, starts[1:] + [T])):
-            start = RetentionState(state0.S[b : b + 1], state0.z[b : b + 1]) if i == 0 else init_state(1, H, d)
-            part = lambda x, b=b, lo=lo, hi=hi: x[b : b + 1, lo:hi]
-            (_, y_doc), g_doc = _oracle_grads(
-                *map(part, (q, k, v, log_g)), start, part(ct_y), ct_S[b : b + 1], i == len(starts) - 1
-            )
-            where = f"row {b} document {i}"
-            assert rel_err(part(y), y_doc) < TOL, where
-            for name, g, want in zip(("q", "k", "v", "log_g"), grads[:4], g_doc[:4]):
-                assert rel_err(part(g), want) < TOL, f"d{name} {where}"
-            if i == 0:  # only the first document reads the initial state
-                for name, g, want in zip(("S0", "z0"), grads[4:], g_doc[4:]):
-                    assert rel_err(g[b : b + 1], want) < TOL, f"d{name} {where}"
+    spans = [(b, i, lo, hi) for b, s in enumerate(DOCS) for i, (lo, hi) in enumerate(zip(s, s[1:] + [T]))]
+    L = max(hi - lo for *_, lo, hi in spans)
+    first = [i == 0 for _, i, *_ in spans]
+    last = [i == len(DOCS[b]) - 1 for b, i, *_ in spans]
+    rows_of = [b for b, *_ in spans]
+    first_doc = lambda x: jnp.asarray(first).reshape((-1,) + (1,) * (x.ndim - 1))
+    start = jax.tree.map(lambda x: jnp.where(first_doc(x), x[jnp.asarray(rows_of)], 0), state0)
+    rows = [_documents_as_rows(x, L) for x in (q, k, v, log_g, ct_y)]
+    (_, y_doc), g_doc = _oracle_grads(*rows[:4], start, rows[4], ct_S[jnp.asarray(rows_of)], last)
+    for r, (b, i, lo, hi) in enumerate(spans):
+        where = f"row {b} document {i}"
+        assert rel_err(y[b : b + 1, lo:hi], y_doc[r : r + 1, : hi - lo]) < TOL, where
+        for name, g, want in zip(("q", "k", "v", "log_g"), grads[:4], g_doc[:4]):
+            assert rel_err(g[b : b + 1, lo:hi], want[r : r + 1, : hi - lo]) < TOL, f"d{name} {where}"
+        if i == 0:  # only the first document reads the initial state
+            for name, g, want in zip(("S0", "z0"), grads[4:], g_doc[4:]):
+                assert rel_err(g[b : b + 1], want[r : r + 1]) < TOL, f"d{name} {where}"
 
 
 def test_neg_inf_gates_reset_their_head():
@@ -103,7 +117,7 @@ def test_neg_inf_gates_reset_their_head():
     ct_y, ct_S = _cotangents(3)
     no_segments = jnp.zeros((B, T), jnp.int32)
     (_, y), grads = _kernel_grads(q, k, v, gated, *state0, no_segments, ct_y, ct_S)
-    (_, y_want), g_want = _oracle_grads(q, k, v, jnp.where(resets, -1000.0, log_g), state0, ct_y, ct_S, True)
+    (_, y_want), g_want = _oracle_grads(q, k, v, jnp.where(resets, -1000.0, log_g), state0, ct_y, ct_S, [True] * B)
     assert rel_err(y, y_want) < TOL
     for name, g, want in zip(("q", "k", "v", "log_g", "S0", "z0"), grads, g_want):
         assert np.all(np.isfinite(np.asarray(g))), name

@@ -9,8 +9,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 N_DEVICES = 8
 
 
-def run_pytest_on_devices(path: str, n_devices: int = N_DEVICES, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m pytest -q path` with `n_devices` fake CPU devices; stdout and stderr merged."""
+def run_pytest_on_devices(
+    path: str, n_devices: int = N_DEVICES, timeout: float = 600, markexpr: str = ""
+) -> subprocess.CompletedProcess:
+    """`python -m pytest -q path [-m markexpr]` with `n_devices` fake CPU devices; stdout and stderr merged. The
+    caller passes its own run's `-m` (`make test`: "not slow"), so the subprocess runs the same tier."""
     env = {
         **os.environ,
         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip(),
@@ -18,7 +21,7 @@ def run_pytest_on_devices(path: str, n_devices: int = N_DEVICES, timeout: float 
         "PYTHONUNBUFFERED": "1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markexpr, path],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -20,7 +20,9 @@ require_devices()
 SEED = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)  # fresh every session
 
 
-@pytest.mark.parametrize("K, shape", [(4, (1, 1, 8)), (3, (2, 1, 4)), (1, (1, 1, 8))])
+@pytest.mark.parametrize(
+    "K, shape", [(4, (1, 1, 8)), (3, (2, 1, 4)), pytest.param(1, (1, 1, 8), marks=pytest.mark.slow)]
+)
 def test_conv_equals_one_device(K, shape):
     """Outputs and gradients (x, kernel) of the split convolution equal the single-device one; with segment ids
     whose documents cross device boundaries, the halo's ids keep documents apart."""

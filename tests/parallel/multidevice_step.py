@@ -25,7 +25,7 @@ def _flat(tree) -> np.ndarray:
     return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in jax.tree.leaves(tree)])
 
 
-@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 1, 8)])
+@pytest.mark.parametrize("shape", [(2, 2, 2), pytest.param((1, 1, 8), marks=pytest.mark.slow)])
 def test_sharded_step_equals_single_device_step(shape):
     seed = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)
     cfg = compose_config(

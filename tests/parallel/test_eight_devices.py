@@ -17,8 +17,9 @@ def test_there_are_multidevice_files():
 
 
 @pytest.mark.parametrize("name", FILES)
-def test_on_eight_devices(name):
-    result = run_pytest_on_devices(os.path.join("tests", "parallel", name))
+def test_on_eight_devices(name, request):
+    """The file's tests of this run's tier (its -m: `make test` leaves out the further cases marked slow)."""
+    result = run_pytest_on_devices(os.path.join("tests", "parallel", name), markexpr=request.config.option.markexpr)
     assert result.returncode == 0, result.stdout[-8000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout, result.stdout[-3000:]
 

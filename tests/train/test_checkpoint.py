@@ -102,6 +102,7 @@ def test_stop_signals_record_then_hand_on():
     """Each signal is only recorded; exit() calls the handler that was there before (submitit's USR2 handler
     requeues the job), except Python's KeyboardInterrupt one, then exits with 128 + the signal."""
     called = []
+    sigint = signal.getsignal(signal.SIGINT)  # Python's KeyboardInterrupt one, or SIG_IGN in an xdist worker
     before = signal.signal(signal.SIGUSR2, lambda s, f: called.append(s))
     try:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
@@ -111,7 +112,7 @@ def test_stop_signals_record_then_hand_on():
                 stop.exit()
             assert info.value.code == 128 + signum
         assert called == [signal.SIGUSR2]
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+        assert signal.getsignal(signal.SIGINT) is sigint  # handlers restored
     finally:
         signal.signal(signal.SIGUSR2, before)
 

@@ -183,7 +183,7 @@ def test_lm_refuses_other_cache_bits():
         LMConfig(kv_cache_bits=2)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("where", ["k", "v"])
 def test_a_non_finite_key_or_value_poisons_the_rows_as_the_float_cache_does(bits, where):
     """An inf in one channel of a key or value, in the prompt (filled) or in a decode step: every later row of its

@@ -116,6 +116,7 @@ RECIPE = [
 ]
 
 
+@pytest.mark.slow  # 200 steps: the normaliser's own gradient test above guards the fix in the quick tier
 @pytest.mark.parametrize("deg", [4, 6])
 def test_mqar_recipe_trains_200_steps_finite(deg):
     """The degree-4/6 MQAR recipe (2 P layers, ~100k parameters, head dim 16, T=32, 4 pairs, vocab 64, batch 128,
