@@ -7,6 +7,7 @@ from flax import nnx
 
 from retention.nn import Attention, PowerRetention, cache_bytes
 from retention.nn.layers import apply_rope
+from tests.helpers import forward_and_decode_steps, rel_err
 
 DIMS = dict(heads=4, kv_heads=2, head_dim=8)
 
@@ -59,35 +60,32 @@ def test_rope_is_relative():
     assert not jnp.allclose(dot(7, 3), dot(7, 4), rtol=1e-3)
 
 
+DECODE_CASES = [  # (mixer, options, whether steps of 3 tokens are in the quick tier too)
+    (PowerRetention, dict(qk_norm=True, rope_base=500.0), False),
+    (PowerRetention, dict(conv_size=4, qk_norm=True, gate_bias_init=1.0), True),
+    (PowerRetention, dict(conv_size=4, gating=False), False),
+    (Attention, {}, False),
+    (Attention, dict(conv_size=4, qk_norm=True), False),
+    (Attention, dict(conv_size=4, window=5), True),
+]
+
+
 @pytest.mark.parametrize(
-    "cls, kwargs",
+    "cls, kwargs, n",
     [
-        (PowerRetention, dict(qk_norm=True, rope_base=500.0)),
-        (PowerRetention, dict(conv_size=4, qk_norm=True, gate_bias_init=1.0)),
-        (PowerRetention, dict(conv_size=4, gating=False)),
-        (Attention, {}),
-        (Attention, dict(conv_size=4, qk_norm=True)),
-        (Attention, dict(conv_size=4, window=5)),
+        pytest.param(cls, kwargs, n, id=f"{cls.__name__}{i}-n{n}", marks=[pytest.mark.slow] * (n == 3 and not quick))
+        for i, (cls, kwargs, quick) in enumerate(DECODE_CASES)
+        for n in (1, 3)
     ],
 )
-@pytest.mark.parametrize("n", [1, 3])
 def test_decode_steps_equal_forward(cls, kwargs, n):
     """Prefill 8 rows, then steps of n tokens: the rows equal the full forward over 14 (GQA, gated retention; a
     window of 5 wraps its ring buffer; the conv cache carries the last 3 inputs across every step)."""
     mixer = cls(32, **DIMS, **kwargs, rngs=nnx.Rngs(1))
     x = jax.random.normal(jax.random.key(2), (2, 14, 32), dtype=jnp.float32)
-    pos = jnp.arange(14, dtype=jnp.int32)
-    full, none = mixer(x, positions=pos)
+    full, none, got = forward_and_decode_steps(mixer, x, n)
     assert none is None
-    cache = mixer.init_cache(2, 14, jnp.float32, step_tokens=n)
-    pieces = []
-    for lo in (0, *range(8, 14, n)):
-        hi = 8 if lo == 0 else lo + n
-        call = mixer.prefill if lo == 0 else mixer
-        y, cache = call(x[:, lo:hi], positions=pos[lo:hi], cache=cache)
-        pieces.append(y)
-    got = jnp.concatenate(pieces, axis=1)
-    assert float(jnp.linalg.norm(got - full) / jnp.linalg.norm(full)) < 1e-5
+    assert rel_err(got, full) < 1e-5
 
 
 def test_options_reach_the_parameters():

@@ -63,7 +63,9 @@ def assert_trees_close(a, b, tol):
             assert x.shape == y.shape and rel_err(x, y) < tol, (jax.tree_util.keystr(path), rel_err(x, y))
 
 
-@pytest.mark.parametrize("pattern, n_layers", [pytest.param("P", 3, marks=pytest.mark.slow), ("PA", 4), ("PPPA", 4)])
+@pytest.mark.parametrize(
+    "pattern, n_layers", [*(pytest.param(*p, marks=pytest.mark.slow) for p in (("P", 3), ("PA", 4))), ("PPPA", 4)]
+)
 def test_scanned_equals_unscanned(pattern, n_layers):
     """Random per-layer parameters (so a layer taken out of order changes the output), converted to the scanned
     form: the same logits and gradients (the gradients converted back), and the conversion round-trips."""
@@ -85,7 +87,7 @@ def test_scanned_equals_unscanned(pattern, n_layers):
     assert_trees_close(nnx.to_pure_dict(nnx.state(back)), state, None)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_remat_policies_give_the_gradients_of_none(scan_layers):
     seed = fresh_seed()
     config = dataclasses.replace(TINY, pattern="PA", n_layers=2, scan_layers=scan_layers)

@@ -77,11 +77,11 @@ def _random_docs(T: int, seed: int) -> tuple[int, ...]:
 CASES = [
     Case(1, 2, 2, 32, 2, None, 16),  # one token (the Pallas decode kernel alone: 2 column blocks on GPU)
     Case(37, 4, 2, 16, 2, "mild", 16, init=True),  # GQA, odd T over 3 chunks, from a state
-    Case(63, 2, 2, 6, 4, "strong", 32),  # degree 4, strong gates, odd head dim
+    Case(63, 2, 2, 6, 4, "strong", 32, slow=True),  # degree 4, strong gates, odd head dim
     Case(100, 2, 1, 16, 2, "strong", 32, init=True, slow=True),
     Case(200, 4, 1, 8, 4, "mild", 16, init=True, slow=True),  # degree 4, 4 query heads per kv-head, 13 chunks
     Case(100, 4, 2, 16, 2, "zero", 32, dtype="bfloat16"),
-    Case(38, 2, 2, 8, 2, None, None, B=4),  # gating off, the default chunk
+    Case(38, 2, 2, 8, 2, None, None, B=4, slow=True),  # gating off, the default chunk
     Case(999, 4, 1, 16, 2, "mild", 128, slow=True),  # long: 8 chunks, the last one part padding
     # packed: documents of length 1, one starting exactly on a chunk boundary (16), one spanning one (16 + 20 > 32);
     # T a multiple of 8 (context parallelism on 8 devices: a document starts exactly at device boundary 36)
@@ -92,12 +92,13 @@ CASES = [
 ]
 
 
-def case_ids(supported=lambda case: True, *, packed: bool = False) -> list:
+def case_ids(supported=lambda case: True, *, packed: bool = False, quick=lambda case: True) -> list:
     """pytest params (case, id=case.id) for the cases a path supports, the packed ones only with `packed` (the path
     then takes segment_ids, see the module docstring). Each case's tests share one xdist group (pyproject:
-    --dist loadgroup), so one worker computes its inputs and oracles, once; a case with `slow` is marked slow."""
+    --dist loadgroup), so one worker computes its inputs and oracles, once; a case with `slow`, or one `quick`
+    turns down for this path, is marked slow."""
     chosen = [case for case in CASES if supported(case) and (packed or case.docs is None)]
-    return [pytest.param(case, id=case.id, marks=case_marks(case.id, case.slow)) for case in chosen]
+    return [pytest.param(c, id=c.id, marks=case_marks(c.id, c.slow or not quick(c))) for c in chosen]
 
 
 def case_marks(group: str, slow: bool) -> list:

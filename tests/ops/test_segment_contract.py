@@ -74,7 +74,7 @@ def _decoded(kind, q, k, v, g, seg, cuts):
 
 
 @pytest.mark.parametrize("kind", ["full", "window", "retention"])
-@pytest.mark.parametrize("cuts", [(0, 7, 12, 17, 18, 20, T), (0, 9, T)])
+@pytest.mark.parametrize("cuts", [(0, 7, 12, 17, 18, 20, T), pytest.param((0, 9, T), marks=pytest.mark.slow)])
 def test_an_id_that_comes_back_in_a_later_step_starts_a_new_document(kind, cuts):
     """Decode steps (of one or several tokens) whose ids return to an id the cache holds from before another one:
     the same as the renumbered ids and as the full op on them, for the KV cache (full, and a ring buffer of a

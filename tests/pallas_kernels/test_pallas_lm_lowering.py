@@ -52,8 +52,17 @@ def _exported(platform: str, shape: tuple[int, int, int], d: int):
         return jax.export.export(step, platforms=[platform], disabled_checks=[TRITON])(params, tokens)
 
 
-CASES = [("tpu", (8, 1, 1), 64), ("tpu", (1, 8, 1), 64), ("tpu", (8, 1, 1), 128), ("tpu", (1, 8, 1), 128)]
-CASES += [("cuda", (8, 1, 1), 64), ("cuda", (1, 8, 1), 128)]
+SLOW = pytest.mark.slow  # the quick tier: one mesh and head dim per platform
+CASES = [
+    pytest.param("tpu", (8, 1, 1), 64, marks=SLOW),
+    ("tpu", (1, 8, 1), 64),
+    pytest.param("tpu", (8, 1, 1), 128, marks=SLOW),
+]
+CASES += [
+    pytest.param("tpu", (1, 8, 1), 128, marks=SLOW),
+    pytest.param("cuda", (8, 1, 1), 64, marks=SLOW),
+    ("cuda", (1, 8, 1), 128),
+]
 
 
 @pytest.mark.parametrize("platform,shape,d", CASES)

@@ -43,7 +43,7 @@ def _supported(backend):
     return supported
 
 
-@pytest.mark.parametrize("case", case_ids(_supported("gpu")))
+@pytest.mark.parametrize("case", case_ids(_supported("gpu"), quick=lambda case: case.init))
 def test_gpu_variant(case):
     step = lambda state, *x: power_retention_step(state, *x, deg=case.deg, chunk_size=case.chunk, impl="pallas")
     check_path(case, stepped(step, lambda q, k: init_state(case.B, case.H, case.d, case.deg)))

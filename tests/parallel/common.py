@@ -10,10 +10,11 @@ N_DEVICES = 8
 
 
 def run_pytest_on_devices(
-    path: str, n_devices: int = N_DEVICES, timeout: float = 600, markexpr: str = ""
+    paths: list[str], n_devices: int = N_DEVICES, timeout: float = 1800, markexpr: str = ""
 ) -> subprocess.CompletedProcess:
-    """`python -m pytest -q path [-m markexpr]` with `n_devices` fake CPU devices; stdout and stderr merged. The
-    caller passes its own run's `-m` (`make test`: "not slow"), so the subprocess runs the same tier."""
+    """`python -m pytest -q -rA [-m markexpr] paths` (-rA: a PASSED line per test) in one process with
+    `n_devices` fake CPU devices; stdout and stderr merged. The caller passes its own run's `-m` (`make test`:
+    "not slow"), so the subprocess runs the same tier."""
     env = {
         **os.environ,
         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip(),
@@ -21,7 +22,7 @@ def run_pytest_on_devices(
         "PYTHONUNBUFFERED": "1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markexpr, path],
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-m", markexpr, *paths],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -66,6 +66,7 @@ def test_state_saved_on_one_mesh_restores_on_another(tmp_path):
         assert moved > 0, target  # the shards really are cut differently
 
 
+@pytest.mark.slow  # a further case: a state restored on another mesh (above); a resume on one device (test_checkpoint)
 def test_run_resumed_on_another_mesh_matches_uninterrupted(tmp_path, caplog):
     """4 steps on mesh (1, 4, 2) saving every 2; then step 2's checkpoint alone, resumed on (1, 8, 1) for steps
     3 and 4: the parameters match the uninterrupted run's to float32 rounding."""

@@ -43,6 +43,7 @@ def test_conv_equals_one_device(K, shape):
             assert rel_err(a, b) < 1e-6
 
 
+@pytest.mark.slow  # a further case: the op on 8 devices (above), an LM with conv in the sharded step (multidevice_step)
 def test_lm_with_conv_equals_one_device():
     """An LM of P, A and W layers with conv_size 4 under a mesh splitting 128 tokens over 8 devices (one chunk of
     16 each): its logits and parameter gradients equal the single-device forward."""

@@ -77,7 +77,7 @@ def _cp(q, k, v, log_g, state0):
 
 SLOW = pytest.mark.slow  # (2, 2, 2) splits all three axes; the single-axis splits are further cases
 MESHES = [  # (mesh shape, B, T, Hq, H, the axes the plan splits the batch and the heads over)
-    pytest.param((8, 1, 1), 8, 40, 4, 2, "data", None, id="(8, 1, 1)"),
+    pytest.param((8, 1, 1), 8, 40, 4, 2, "data", None, id="(8, 1, 1)", marks=SLOW),
     pytest.param((1, 8, 1), 2, 40, 8, 8, None, "fsdp", id="(1, 8, 1)", marks=SLOW),
     pytest.param((2, 2, 2), 4, 64, 4, 2, None, None, id="(2, 2, 2)"),
     pytest.param((1, 1, 8), 2, 128, 2, 2, None, None, id="(1, 1, 8)", marks=SLOW),
@@ -139,6 +139,7 @@ def _lm_parts(impl: str, overrides: list[str]):
     return make_init(lm, tx, cfg.seed), graphdef, tx, dataset
 
 
+@SLOW  # a further case: the op on the (2, 2, 2) mesh above, and the sharded XLA step (multidevice_step.py)
 def test_lm_train_step_with_kernels_on_mesh_equals_xla():
     """A train step of a 2-layer PA model, retention on the kernels under (2,2,2) (the sequence split: the
     context-parallel op runs them), against the single-device XLA path: losses and parameters."""

@@ -1,10 +1,9 @@
-"""Runs each multidevice_*.py file of this folder in a subprocess with 8 host devices (the device count is fixed
-when JAX starts, and the rest of the suite runs on one): the context-parallel ops against the single-device ops,
-the sharded train step against the single-device step, checkpoints across meshes, and the mesh errors."""
+"""Runs the multidevice_*.py files of this folder in one subprocess with 8 host devices (the device count is fixed
+when JAX starts, and the rest of the suite runs on one; one process, so JAX and the project load once): the
+context-parallel ops against the single-device ops, the sharded train step against the single-device step,
+checkpoints across meshes, and the mesh errors."""
 
 import os
-
-import pytest
 
 from tests.parallel.common import run_pytest_on_devices
 
@@ -16,12 +15,15 @@ def test_there_are_multidevice_files():
     assert set(FILES) >= {"multidevice_context_parallel.py", "multidevice_step.py", "multidevice_checkpoint.py"}
 
 
-@pytest.mark.parametrize("name", FILES)
-def test_on_eight_devices(name, request):
-    """The file's tests of this run's tier (its -m: `make test` leaves out the further cases marked slow)."""
-    result = run_pytest_on_devices(os.path.join("tests", "parallel", name), markexpr=request.config.option.markexpr)
+def test_on_eight_devices(request):
+    """Every file's tests of this run's tier (its -m: `make test` leaves out the further cases marked slow), each
+    file among the passed ones."""
+    paths = [os.path.join("tests", "parallel", name) for name in FILES]
+    result = run_pytest_on_devices(paths, markexpr=request.config.option.markexpr)
     assert result.returncode == 0, result.stdout[-8000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout, result.stdout[-3000:]
+    passed = {line.split()[1].split("::")[0] for line in result.stdout.splitlines() if line.startswith("PASSED ")}
+    assert passed == set(paths), (sorted(passed), result.stdout[-3000:])
 
 
 def test_comm_volume_formulas_match_the_lowered_program(tmp_path):

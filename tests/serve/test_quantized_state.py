@@ -61,7 +61,7 @@ def _model_and_snapshot(key=1):
     return model, _random_states(snapshot, jax.random.key(key + 10))
 
 
-@pytest.mark.parametrize("state_format", [8, 4, "fp8"])
+@pytest.mark.parametrize("state_format", [pytest.param(8, marks=pytest.mark.slow), 4, "fp8"])
 def test_dequantized_states_within_their_formats_bound(state_format):
     _, snapshot = _model_and_snapshot()
     packed = quantize_states(snapshot, state_format)
@@ -98,7 +98,7 @@ def test_a_nan_row_stays_nan(state_format):
     assert np.all(np.isnan(S[0, 1, 2])) and np.isfinite(np.delete(S.reshape(-1, 8), 2 + 1 * S.shape[2], 0)).all()
 
 
-@pytest.mark.parametrize("state_format", [8, "fp8"])
+@pytest.mark.parametrize("state_format", [pytest.param(8, marks=pytest.mark.slow), "fp8"])
 def test_a_quantized_snapshot_saved_and_loaded_is_bit_identical(tmp_path, state_format):
     model, snapshot = _model_and_snapshot()
     path = tmp_path / "snapshot.safetensors"

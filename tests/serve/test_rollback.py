@@ -20,7 +20,8 @@ from retention.ops import RetentionState, init_state, linear_attention_step
 from retention.ops.power_retention.recurrent import chunk_states, chunk_step
 
 K = 3  # drafts: a verify step feeds K + 1 tokens
-CASES = [(letter, None) for letter in MIXERS] + [("W", 8)]
+QUICK = {"P", "A", "M"}  # the other letters' rollbacks, and W's float cache, are further cases (8-bit W is quick)
+CASES = [pytest.param(c, None, marks=[pytest.mark.slow] * (c not in QUICK)) for c in MIXERS] + [("W", 8)]
 
 
 def _config(letter: str, kv_cache_bits) -> LMConfig:

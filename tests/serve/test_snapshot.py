@@ -42,7 +42,7 @@ def assert_bitwise_equal(a, b):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
 
-@pytest.mark.parametrize("name", [*(pytest.param(n, marks=pytest.mark.slow) for n in ("P", "A")), "W", "PA conv4"])
+@pytest.mark.parametrize("name", [*(pytest.param(n, marks=pytest.mark.slow) for n in ("P", "A", "W")), "PA conv4"])
 def test_generation_from_a_snapshot_equals_the_full_prompt(name):
     model = model_of(name)
     prefix, suffix = tokens(1, 2, PREFIX), tokens(2, 2, SUFFIX)
@@ -80,7 +80,7 @@ def test_ragged_prefixes_continue_as_each_row_alone():
         np.testing.assert_array_equal(got.tokens[row], want.tokens[0, T:])
 
 
-@pytest.mark.parametrize("name", [pytest.param("P", marks=pytest.mark.slow), "PA conv4", "W"])
+@pytest.mark.parametrize("name", [*(pytest.param(n, marks=pytest.mark.slow) for n in ("P", "W")), "PA conv4"])
 def test_forked_rows_equal_separate_runs(name):
     model = model_of(name)
     prefix, suffixes = tokens(5, 1, PREFIX), tokens(6, 3, SUFFIX)
@@ -106,7 +106,7 @@ def test_snapshot_bytes_are_the_caches_and_logits():
         assert (sizes[0] == sizes[1]) == fixed, name
 
 
-@pytest.mark.parametrize("name", ["PA conv4", "PW int4"])
+@pytest.mark.parametrize("name", [pytest.param("PA conv4", marks=pytest.mark.slow), "PW int4"])
 def test_save_and_load_is_bit_identical(name, tmp_path):
     model = model_of(name)
     snapshot = prefill(model, tokens(8, 2, PREFIX), max_len=PREFIX + SUFFIX + NEW, step_tokens=3)

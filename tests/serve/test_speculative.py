@@ -18,7 +18,9 @@ TARGET = LMConfig(vocab_size=61, d_model=32, n_layers=2, pattern="PW", n_heads=4
 N, K = 13, 3
 
 
-@pytest.mark.parametrize("draft_seed", [None, 1])  # None: the target drafts for itself
+@pytest.mark.parametrize(
+    "draft_seed", [pytest.param(None, marks=pytest.mark.slow), 1]
+)  # None: the target drafts for itself
 def test_speculative_output_equals_the_targets_greedy_decode(draft_seed):
     target = LM(TARGET, rngs=nnx.Rngs(0))
     draft = target if draft_seed is None else LM(dataclasses.replace(TARGET, pattern="P"), rngs=nnx.Rngs(draft_seed))

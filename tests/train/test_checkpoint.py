@@ -61,7 +61,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert_same_params(saved_state(whole, 60)["params"], saved_state(killed, 60)["params"])
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGUSR2, marks=pytest.mark.slow)])
 def test_stop_signal_saves_then_exits(tmp_path, signum):
     proc = start_train_py(tmp_path, [*TINY, "trainer.steps=100000", "trainer.ckpt_every=100000"])
     out = Output(proc)
@@ -139,7 +139,9 @@ def _truncate_metadata(step_dir):
         f.truncate(40)
 
 
-@pytest.mark.parametrize("damage", [_truncate_data, _remove_item, _truncate_metadata])
+@pytest.mark.parametrize(
+    "damage", [*(pytest.param(d, marks=pytest.mark.slow) for d in (_truncate_data, _remove_item)), _truncate_metadata]
+)
 def test_damaged_newest_checkpoint_is_set_aside_and_rewritten(finished_run, tmp_path, caplog, damage):
     run = finished_run.copy(tmp_path / "run")
     damage(run / "checkpoints" / "4")

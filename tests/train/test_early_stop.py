@@ -12,6 +12,7 @@ from tests.train.common import TINY, compose_config, fresh_seed, saved_steps
 FLAT = [*TINY, "optim.lr=1e-12", "trainer.eval_every=2", "trainer.eval_scales=[1]", "trainer.ckpt_every=100"]
 
 
+@pytest.mark.slow  # a further case: the resume test below stops by the same rule
 def test_a_flat_metric_stops_the_run_after_patience_evals(tmp_path):
     """Evals at steps 2, 4, 6 give one accuracy; with patience 2 the rule stops at the third (step 6), far below
     the cap of 40: 6 steps trained, the checkpoint at 6, the curve and the reason in the summary."""

@@ -34,6 +34,7 @@ def make_read_only(folder) -> None:
     os.chmod(folder, 0o555)
 
 
+@pytest.mark.slow  # a further case of a failed save (a full disk: the quick one)
 def test_a_read_only_checkpoint_folder_stops_the_run(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

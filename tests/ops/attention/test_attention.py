@@ -34,10 +34,12 @@ def test_dense_reference(case):
     check_attention_path(case, path)
 
 
-STEP_PARAMS = [  # 5 tokens a step only where T > 5 (at T <= 5 it is one step, as the first step of 1 token)
-    pytest.param(*param.values, n, id=f"{param.id}-n{n}", marks=param.marks)
+STEP_PARAMS = [  # 5 tokens a step only where T > 5 (at T <= 5 it is one step, as the first step of 1 token); quick
+    # tier: 1 token a step at T = 1, 5 a step elsewhere (a token a step at every T is a further case)
+    pytest.param(case, n, id=f"{param.id}-n{n}", marks=[*param.marks, *([pytest.mark.slow] if n == 1 < case.T else [])])
     for n in (1, 5)
     for param in case_ids(lambda case, n=n: n == 1 or case.T > n)
+    for case in param.values
 ]
 
 

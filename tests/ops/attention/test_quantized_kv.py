@@ -90,7 +90,7 @@ def attention_error_bound(q, k, v, bits, scale):
     return (np.exp(2 * E) - 1)[..., None] * spread + dv.max(1)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [pytest.param(8, marks=pytest.mark.slow), 4])
 def test_step_against_the_float_cache_within_the_bits_bound(bits):
     """A prefilled quantized cache then one decode step against the same with a float cache: every output value
     within the bound the bits allow, and the error is real (not zero)."""
@@ -184,7 +184,7 @@ def test_lm_refuses_other_cache_bits():
 
 
 @pytest.mark.parametrize("bits", [8, pytest.param(4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("where", ["k", pytest.param("v", marks=pytest.mark.slow)])
 def test_a_non_finite_key_or_value_poisons_the_rows_as_the_float_cache_does(bits, where):
     """An inf in one channel of a key or value, in the prompt (filled) or in a decode step: every later row of its
     batch row and kv-head is NaN in all its channels, exactly where the float cache's step gives NaN (not only in

@@ -117,7 +117,8 @@ def test_recurrence_gradients_match_the_reference(case):
 
 def _check_finite_differences(loss, args, seed):
     """Each gradient of `loss` at `args`, projected on a random direction, against central differences."""
-    grads = jax.grad(loss, argnums=tuple(range(len(args))))(*args)
+    loss = jax.jit(loss)
+    grads = jax.jit(jax.grad(loss, argnums=tuple(range(len(args)))))(*args)
     eps = 1e-6
     for i, g in enumerate(grads):
         direction = jax.random.normal(jax.random.key(seed + i), args[i].shape, jnp.float64)
