@@ -98,7 +98,7 @@ def main(argv=None):
         speed_meta = {**meta, "matched_window": matched_window(preset)}
         save = lambda results: write_json(data / "speed.json", {**speed_meta, "results": results})
         with timed(runs, "speed", len(preset.speed.models)):
-            save(measure_speed(preset, done, on_model=save))
+            measure_speed(preset, done, on_model=save)  # saved after each model measured; none measured: untouched
     if not args.skip_quality:
         if not args.report_only:
             left = run_stages(preset, runs, part, only)

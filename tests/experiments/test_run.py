@@ -1,5 +1,8 @@
 """The comparison's command (experiments/compare/run.py): --report-only with no finished run refuses, leaving the
-committed report and data as they are."""
+committed report and data as they are; a resumed speed stage with nothing left to measure writes nothing."""
+
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -20,3 +23,18 @@ def test_report_only_without_runs_keeps_the_committed_results(tmp_path, monkeypa
     assert stop.value.code not in (0, None) and "no finished run under outputs/compare/cpu" in str(stop.value.code)
     assert {path: path.read_text() for path in committed} == committed
     assert sorted(p.name for p in data.iterdir()) == ["quality.json"]
+
+
+def test_a_speed_stage_with_every_model_done_leaves_speed_json_untouched(tmp_path, monkeypatch):
+    """Resuming `--preset cpu` with every speed model measured measures nothing and keeps speed.json byte for byte
+    (it used to rewrite it with a new date, as if measured again)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    committed = Path("results/compare/cpu").absolute()
+    monkeypatch.chdir(tmp_path)  # no outputs/: the report reads no run's curves
+    for name in ("speed.json", "quality.json"):
+        shutil.copy(committed / name, data / name)
+    before = (data / "speed.json").read_bytes()
+    main(["--preset", "cpu", "--skip-quality", "--data", str(data), "--runs", str(tmp_path / "runs")])
+    assert (data / "speed.json").read_bytes() == before
+    assert (data / "REPORT.md").exists()
