@@ -1,5 +1,5 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
-#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, about 5 minutes on
+#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, 5 to 8 minutes on
 #            2 idle cores), then its table and the TensorBoard command.
 # make test: the same set-up, then the quick tier of the test suite (every behaviour, its further cases and long
 #            runs marked slow left out; target 15 minutes on 2 cores, not met: 27 min 29 s at 203a433, PERF_LOG).

@@ -59,7 +59,7 @@ RUN_FIRST = ("tests/parallel/test_eight_devices.py", "tests/experiments/test_pro
 
 
 def pytest_collection_modifyitems(items):
-    """The longest tests (the 8-device subprocesses, the tiny comparison) first, so that two xdist workers do not
+    """The longest tests (the 8-device subprocess, the tiny comparison) first, so that two xdist workers do not
     end the run with one of them alone on a long test; the rest keep their order."""
     rank = lambda item: next((i for i, path in enumerate(RUN_FIRST) if item.nodeid.startswith(path)), len(RUN_FIRST))
     items.sort(key=rank)
