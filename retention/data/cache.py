@@ -3,7 +3,8 @@
 The cache folder is `data.cache_dir`, else $RETENTION_CACHE, else ~/.cache/retention/text: shared by runs, since
 a file's name is a hash of everything its ids depend on (the corpus listing with sizes and modification times,
 the tokenizer's identity, the split rule). A file is written to a temporary name and renamed when complete, so a
-killed run never leaves a half-written cache; documents are written one piece at a time, never held whole.
+killed run never leaves a half-written cache; the ids are written one piece at a time (retention/data/encode.py
+encodes a batch of pieces at once), never held whole.
 
 Beside each file `<name>` lies `<name>.sum.json`: its id count, dtype, largest id and blake2b digest, written
 after it. Every load reads the file through once and checks it against them and the vocab: a file that is

@@ -8,13 +8,16 @@ The default corpus is the `.py` sources of the running Python's standard library
 third-party packages left out). A file is read in chunks of CHUNK_BYTES, never whole.
 
 Hugging Face: `datasets.load_dataset(name, data_files=..., split=..., streaming=...)` and one document per row
-(its `text_field`); for the `text` builder a whole file is one document (`sample_by="document"`).
+(its `text_field`); for the `text` builder a whole file is one document (`sample_by="document"`). A local glob
+pattern in data_files counts as the files it matches (their names, sizes and times in the cache key, their bytes
+in the fingerprint), so a file added under it is never served from an older cache.
 
 Split: a document is in eval when blake2b(its name) / 2**64 < eval_fraction, its name being the path relative to
 the root (folder) or the row index (Hugging Face); renaming or adding other documents never moves it.
 """
 
 import codecs
+import glob
 import hashlib
 import logging
 import os
@@ -110,6 +113,11 @@ class FolderSource:
         """The digest of every candidate file's name and bytes (files_digest)."""
         return files_digest(self.root, self.names)
 
+    def split_bytes(self, split: str, eval_fraction: float) -> int:
+        """The bytes of the candidate files of `split` (for a progress line's total)."""
+        names = [n for n in self.names if in_eval(n, eval_fraction) == (split == "eval")]
+        return sum(os.path.getsize(os.path.join(self.root, n)) for n in names)
+
     def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
         """Each text document of `split` as an iterator of its text pieces, in sorted name order; once all are
         read, a warning counts the files skipped as not text and names the first SKIPS_NAMED with the reason."""
@@ -139,10 +147,25 @@ class HFSource:
         self.name, self.data_files, self.text_field = name, data_files, text_field
         self.split, self.streaming = split, streaming
 
+    def patterns(self) -> list[str]:
+        """data_files as a list: file paths, glob patterns or remote names."""
+        return [self.data_files] if isinstance(self.data_files, str) else list(self.data_files or [])
+
+    def local_files(self, pattern: str) -> list[str]:
+        """The local files `pattern` names: itself when a file, the sorted matches of a glob pattern (`**` for
+        any depth), none for a remote name."""
+        if os.path.isfile(pattern):
+            return [pattern]
+        matches = glob.glob(pattern, recursive=True) if glob.has_magic(pattern) else []
+        return sorted(m for m in matches if os.path.isfile(m))
+
     def identity(self) -> dict:
-        """The load_dataset arguments, with the size and modification time of each local data file."""
-        files = [self.data_files] if isinstance(self.data_files, str) else list(self.data_files or [])
-        stats = [[f, os.stat(f).st_size, os.stat(f).st_mtime_ns] if os.path.isfile(f) else [f] for f in files]
+        """The load_dataset arguments, with the size and modification time of each local data file: a glob
+        pattern's matches listed, so a file added, removed or changed under it makes another identity."""
+        stats = []
+        for f in self.patterns():
+            listing = [[m, os.stat(m).st_size, os.stat(m).st_mtime_ns] for m in self.local_files(f)]
+            stats.append(listing[0] if os.path.isfile(f) else [f, listing] if glob.has_magic(f) else [f])
         return {
             "source": "hf",
             "name": self.name,
@@ -154,9 +177,13 @@ class HFSource:
     def content_digest(self) -> str:
         """The digest of the local data files' names and bytes (files_digest), with the load_dataset arguments
         (a hub dataset's content is not read here)."""
-        files = [self.data_files] if isinstance(self.data_files, str) else list(self.data_files or [])
-        local = [f for f in files if os.path.isfile(f)]
+        files = self.patterns()
+        local = [m for f in files for m in self.local_files(f)]
         return cache_key([self.name, self.text_field, self.split, files, files_digest("", local)])
+
+    def split_bytes(self, split: str, eval_fraction: float) -> None:
+        """Unknown before the rows are read (a progress line without a total)."""
+        return None
 
     def rows(self):
         """The dataset of the split (an IterableDataset when streaming)."""

@@ -74,9 +74,12 @@ SCHEMA_DOCS = {
     "text": "Packed text windows (retention/data/text.py): source=folder reads the text files under `path` with one "
     "of `extensions` (both None: the running Python's standard-library .py files); source=hf reads "
     "datasets.load_dataset(hf_name, data_files=hf_data_files, split=hf_split, streaming=hf_streaming), one "
-    "document per row's hf_text_field. tokenizer: bytes (vocab 257) or bpe (a byte-level BPE of vocab_size ids, "
-    "default 4096, saved as tokenizer.json in the run folder). cache_dir: the token cache (None: "
-    "$RETENTION_CACHE, else ~/.cache/retention/text).",
+    "document per row's hf_text_field. tokenizer: bytes (vocab 257), bpe (a byte-level BPE of vocab_size ids, "
+    "default 4096) or file (the Hugging Face tokenizer.json at tokenizer_file); a bpe or file tokenizer is saved "
+    "as tokenizer.json in the run folder. eod_token: the token ending each document (a token of the file's vocab "
+    "such as </s>). sampler: random (training windows at random offsets) or epochs (a seeded permutation of the "
+    "training windows per epoch). cache_dir: the token cache (None: $RETENTION_CACHE, else "
+    "~/.cache/retention/text).",
 }
 _SET_BY_THE_TRAINER = ("seq_len", "batch_size", "seed", "tokenizer_path")  # DataConfig's, the run's, the run folder's
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from retention.data import Text, corpus
-from retention.data.tokenizer import EOD_TOKEN, BPETokenizer
+from retention.data.tokenizer import EOD_TOKEN, HFTokenizer
 
 SEED = int(np.random.SeedSequence().generate_state(1)[0])
 
@@ -124,7 +124,7 @@ def test_bpe_trained_saved_reloaded_and_reused(tmp_path):
     assert bpe.eod not in ids and bpe.decode(ids) == sample
     assert int(bpe.token_bytes[ids].sum()) == len(sample.encode())  # each id's bytes, for bits per byte
     assert len(ids) < len(sample.encode())  # merges learnt
-    reloaded = BPETokenizer.load(tokenizer_path)
+    reloaded = HFTokenizer.load(tokenizer_path)
     np.testing.assert_array_equal(reloaded.encode(sample), ids)
     assert reloaded.identity == bpe.identity
     # a resumed run reads the run folder's tokenizer, even where another vocab_size or cache would train anew
@@ -133,3 +133,28 @@ def test_bpe_trained_saved_reloaded_and_reused(tmp_path):
     np.testing.assert_array_equal(resumed.splits["train"], data.splits["train"])
     fresh = Text(**kwargs, vocab_size=280, cache_dir=str(tmp_path / "c2"))
     assert fresh.vocab_size <= 280 and fresh.tokenizer.identity != bpe.identity
+
+
+def test_a_file_added_under_a_glob_makes_a_new_cache(tmp_path):
+    """data_files as a glob pattern: the cache key and the corpus fingerprint list the files it matches, so a file
+    added under it is tokenised (never the old cache's ids served) and a rewritten one changes the fingerprint."""
+    texts = sentences(np.random.default_rng(SEED), 40)
+    (tmp_path / "rows").mkdir()
+    for part in range(2):
+        rows = "".join(json.dumps({"text": t}) + "\n" for t in texts[part * 10 : part * 10 + 10])
+        (tmp_path / "rows" / f"{part}.jsonl").write_text(rows)
+    kwargs = dict(
+        seq_len=8, batch_size=2, source="hf", hf_name="json", hf_data_files=[str(tmp_path / "rows" / "*.jsonl")]
+    )
+    kwargs.update(eval_fraction=0.3, cache_dir=str(tmp_path / "c"))
+    before = Text(**kwargs)
+    fingerprint = before.fingerprints()["corpus"]
+    assert docs_of(before, "train") == expected_split(texts[:20], "train", 0.3)
+    (tmp_path / "rows" / "2.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[20:]))
+    after = Text(**kwargs)
+    assert docs_of(after, "train") == expected_split(texts, "train", 0.3)
+    assert len(after.splits["train"]) > len(before.splits["train"])
+    assert after.fingerprints()["corpus"] != fingerprint
+    fingerprint = after.fingerprints()["corpus"]
+    (tmp_path / "rows" / "2.jsonl").write_text("".join(json.dumps({"text": t[::-1]}) + "\n" for t in texts[20:]))
+    assert after.fingerprints()["corpus"] != fingerprint  # the same size, other content

@@ -98,7 +98,16 @@ def test_wrong_type_stops_at_start(override):
         (["model.retention_impl=cudnn"], "model.retention_impl must be one of \\('auto', 'xla', 'pallas', 'ref"),
         (["model.attention_impl=pallas"], "model.attention_impl must be one of \\('auto', 'xla', 'cudnn', 'ref"),
         (["model.target_params=0"], "model.target_params must be an int >= 1, got 0"),
-        (["data=text", "data.tokenizer=words"], r"data.tokenizer must be one of \('bytes', 'bpe'\), got 'words'"),
+        (
+            ["data=text", "data.tokenizer=words"],
+            r"data.tokenizer must be one of \('bytes', 'bpe', 'file'\), got 'words'",
+        ),
+        (["data=text", "data.sampler=shuffled"], r"data.sampler must be one of \('random', 'epochs'\), got 'shuffled'"),
+        (
+            ["data=text", "data.tokenizer=file"],
+            "data.tokenizer_file must be the path of a tokenizer.json file, got None",
+        ),
+        (["data=text", "data.eod_token=eos"], "data.eod_token must be <\\|endofdocument\\|> with tokenizer=bytes"),
         (["data=text", "data.source=hf"], "data.hf_name must name a Hugging Face dataset"),
         (["data=text", "data.vocab_size=300"], "data.vocab_size must be null or 257 with tokenizer=bytes"),
         (["data=text", "data.eval_fraction=0"], r"data.eval_fraction must be a finite number in \(0, 1\)"),
