@@ -2,8 +2,11 @@
 tokens per step (batch = tokens_per_step // T), greedy decode ms per token after each context, and decode-cache
 bytes per sequence. Medians of several repeats after a warm-up; random byte tokens (speed does not depend on
 the data). Returns a dict that `run.py` writes as speed.json; a model already in `done` (the speed.json of an
-interrupted run) is not measured again.
+interrupted run) is not measured again when its recorded recipe (model overrides and speed settings) is the
+preset's, and is measured again, with a warning, when it is not (a changed preset never reports stale times).
 """
+
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +25,7 @@ from retention.train.metrics import throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
 from retention.train.step import TraceCount, device_batch, make_init, make_train_step
 
+log = logging.getLogger(__name__)
 VOCAB = 256  # byte-level, as the text task
 CACHE_CONTEXTS = tuple(1024 * 4**i for i in range(6))  # 1k .. 1M tokens: shapes only, nothing allocated
 
@@ -78,14 +82,40 @@ def decode_time(cfg: Config, contexts, n_tokens: int, repeats: int) -> dict:
     return out
 
 
+def speed_recipe(name: str, preset: Preset) -> dict:
+    """What model `name`'s speed numbers depend on: its overrides and the preset's speed settings (JSON lists)."""
+    speed = preset.speed
+    return {
+        "overrides": entry_overrides(name, preset),
+        "lengths": list(speed.lengths),
+        "tokens_per_step": speed.tokens_per_step,
+        "decode_contexts": list(speed.decode_contexts),
+        "decode_tokens": speed.decode_tokens,
+        "repeats": speed.repeats,
+    }
+
+
+def reusable(preset: Preset, done: dict | None) -> dict:
+    """The models of `done` measured with the preset's recipe for them; a warning names each left out."""
+    kept = {}
+    for name, result in (done or {}).items():
+        if name in preset.speed.models and result.get("recipe") == speed_recipe(name, preset):
+            kept[name] = result
+        elif name in preset.speed.models:
+            log.warning("speed.json's %s was measured with another recipe than the preset's: measured again", name)
+    return kept
+
+
 def measure_speed(preset: Preset, done: dict | None = None, on_model=None) -> dict:
-    """{model: {"layer_kinds", "train": [per T], "decode": {context: ...}, "cache_bytes": {context: bytes}}} for
-    the preset's speed models; `on_model(results)` after each model (run.py saves them, so a restart resumes)."""
-    speed, results = preset.speed, dict(done or {})
+    """{model: {"recipe", "layer_kinds", "train": [per T], "decode": {context: ...}, "cache_bytes": {context:
+    bytes}}} for the preset's speed models; `on_model(results)` after each model measured (run.py saves them, so a
+    restart resumes); models of `done` with the preset's recipe are kept, not measured."""
+    speed, results = preset.speed, reusable(preset, done)
     for name in tqdm([m for m in speed.models if m not in results], desc="speed", unit="model"):
         cfg = compose_config(entry_overrides(name, preset))
         B = lambda T: speed.tokens_per_step // T
         results[name] = {
+            "recipe": speed_recipe(name, preset),
             "layer_kinds": make_lm_config(cfg.model, VOCAB).layer_kinds,
             "train": [train_step_time(cfg, T, B(T), speed.repeats, preset.peak_flops) for T in speed.lengths],
             "decode": decode_time(cfg, speed.decode_contexts, speed.decode_tokens, speed.repeats),

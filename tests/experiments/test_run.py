@@ -1,12 +1,15 @@
 """The comparison's command (experiments/compare/run.py): --report-only with no finished run refuses, leaving the
 committed report and data as they are; a resumed speed stage with nothing left to measure writes nothing."""
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from experiments.compare.presets import PRESETS
 from experiments.compare.run import main
+from experiments.compare.speed import speed_recipe
 
 
 def test_report_only_without_runs_keeps_the_committed_results(tmp_path, monkeypatch):
@@ -32,9 +35,30 @@ def test_a_speed_stage_with_every_model_done_leaves_speed_json_untouched(tmp_pat
     data.mkdir()
     committed = Path("results/compare/cpu").absolute()
     monkeypatch.chdir(tmp_path)  # no outputs/: the report reads no run's curves
-    for name in ("speed.json", "quality.json"):
-        shutil.copy(committed / name, data / name)
+    shutil.copy(committed / "quality.json", data / "quality.json")
+    measured = json.loads((committed / "speed.json").read_text())
+    for name, result in measured["results"].items():  # as measured with today's preset
+        result["recipe"] = speed_recipe(name, PRESETS["cpu"])
+    (data / "speed.json").write_text(json.dumps(measured))
     before = (data / "speed.json").read_bytes()
     main(["--preset", "cpu", "--skip-quality", "--data", str(data), "--runs", str(tmp_path / "runs")])
     assert (data / "speed.json").read_bytes() == before
     assert (data / "REPORT.md").exists()
+
+
+def test_a_speed_result_of_another_recipe_is_measured_again(monkeypatch):
+    """A speed.json model measured under other overrides (a changed preset) is measured again; one measured with
+    the preset's recipe is kept as it is."""
+    from experiments.compare import speed
+
+    preset = PRESETS["smoke"]
+    first, second = preset.speed.models[:2]
+    measured = []
+    monkeypatch.setattr(speed, "train_step_time", lambda cfg, T, *_: measured.append(cfg.model.name) or {"T": T})
+    monkeypatch.setattr(speed, "decode_time", lambda *_: {})
+    stale = {"recipe": {**speed.speed_recipe(first, preset), "overrides": ["model.head_dim=8"]}, "train": "stale"}
+    kept = {"recipe": speed.speed_recipe(second, preset), "train": "kept"}
+    results = speed.measure_speed(preset, {first: stale, second: kept})
+    assert set(measured) == {first} and results[first]["train"] != "stale"
+    assert results[first]["recipe"] == speed.speed_recipe(first, preset)
+    assert results[second] is kept
