@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops import context_parallel_size
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
+from retention.parallel.rules import logical_param
 from retention.validation import check_int
 
 
@@ -22,15 +23,19 @@ def check_conv_size(name: str, conv_size, *, low: int = 0) -> None:
 class ShortConv(nnx.Module):
     """A causal depthwise convolution of `conv_size` taps over `channels` channels: kernel [conv_size, channels]
     (no bias), initialised uniform in +-1/sqrt(conv_size) (PyTorch's Conv1d default for a depthwise filter). Its
-    decode cache is the last conv_size - 1 inputs, [B, conv_size - 1, channels]."""
+    decode cache is the last conv_size - 1 inputs, [B, conv_size - 1, channels]. `channel_axis`: the channels'
+    logical axis (the kernel is ("conv_taps", channel_axis)); None: unnamed, replicated."""
 
-    def __init__(self, channels: int, conv_size: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
+    def __init__(
+        self, channels: int, conv_size: int, *, channel_axis: str | None = None, param_dtype=jnp.float32, rngs: nnx.Rngs
+    ):
         check_int("channels", channels)
         check_conv_size("conv_size", conv_size, low=1)
         self.conv_size = conv_size
         bound = conv_size**-0.5
         self.kernel = nnx.Param(
-            jax.random.uniform(rngs.params(), (conv_size, channels), param_dtype, minval=-bound, maxval=bound)
+            jax.random.uniform(rngs.params(), (conv_size, channels), param_dtype, minval=-bound, maxval=bound),
+            **logical_param("conv_taps", channel_axis),
         )
 
     def __call__(
@@ -85,11 +90,15 @@ class QKVConvCache(NamedTuple):
 
 
 class QKVConv(nnx.Module):
-    """`ShortConv` on each of q, k and v (flat [B, T, heads * head_dim]), one kernel each."""
+    """`ShortConv` on each of q, k and v (flat [B, T, heads * head_dim]), one kernel each; `channel_axes`: the
+    logical axes of q's channels and of k's and v's."""
 
-    def __init__(self, q_channels: int, kv_channels: int, conv_size: int, *, param_dtype=jnp.float32, rngs):
-        conv = lambda c: ShortConv(c, conv_size, param_dtype=param_dtype, rngs=rngs)
-        self.q, self.k, self.v = conv(q_channels), conv(kv_channels), conv(kv_channels)
+    def __init__(
+        self, q_channels: int, kv_channels: int, conv_size: int, channel_axes, *, param_dtype=jnp.float32, rngs
+    ):
+        conv = lambda c, axis: ShortConv(c, conv_size, channel_axis=axis, param_dtype=param_dtype, rngs=rngs)
+        q_axis, kv_axis = channel_axes
+        self.q, self.k, self.v = conv(q_channels, q_axis), conv(kv_channels, kv_axis), conv(kv_channels, kv_axis)
 
     def __call__(self, q_BTC, k_BTC, v_BTC, *, segment_ids_BT=None, cache: QKVConvCache | None = None):
         """(q, k, v convolved, the new QKVConvCache or None): the full forward (cache None) or a decode step. In a

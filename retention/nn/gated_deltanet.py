@@ -23,6 +23,7 @@ from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, 
 from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
 from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
+from retention.parallel.rules import logical_param
 
 
 def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
@@ -53,12 +54,28 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         self.chunk_size = chunk_size
         self.gate_proj = nnx.Linear(
-            d_model, heads * head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            d_model,
+            heads * head_dim,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_metadata=logical_param("embed", "heads"),
+            rngs=rngs,
         )
-        f32_linear = lambda o: nnx.Linear(d_model, o, use_bias=False, param_dtype=param_dtype, rngs=rngs)
-        self.beta_proj, self.a_proj = f32_linear(kv_heads), f32_linear(kv_heads)
-        self.dt_bias, self.A_log = init_decay(rngs, kv_heads, param_dtype)  # Mamba2's decay
-        self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        kv_names = logical_param("embed", "kv_heads")
+        f32_linear = lambda: nnx.Linear(
+            d_model, kv_heads, use_bias=False, param_dtype=param_dtype, kernel_metadata=kv_names, rngs=rngs
+        )
+        self.beta_proj, self.a_proj = f32_linear(), f32_linear()
+        self.dt_bias, self.A_log = init_decay(rngs, kv_heads, param_dtype, "kv_heads")  # Mamba2's decay
+        self.o_norm = nnx.RMSNorm(
+            head_dim,
+            epsilon=1e-6,
+            dtype=jnp.float32,
+            param_dtype=param_dtype,
+            scale_metadata=logical_param("head_dim"),
+            rngs=rngs,
+        )
 
     def __call__(
         self,

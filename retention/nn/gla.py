@@ -20,6 +20,7 @@ from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, 
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
+from retention.parallel.rules import logical_param
 
 GATE_RANK = 16  # the decay's low-rank projection (the paper's)
 GATE_NORMALISER = 16.0  # log-gates divided by this: decays start near 1 (the paper's)
@@ -48,11 +49,28 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         self.chunk_size = chunk_size
         self.gate_proj = nnx.Linear(
-            d_model, heads * head_dim, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            d_model,
+            heads * head_dim,
+            use_bias=False,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            kernel_metadata=logical_param("embed", "heads"),
+            rngs=rngs,
         )
-        self.decay_down = nnx.Linear(d_model, GATE_RANK, use_bias=False, param_dtype=param_dtype, rngs=rngs)
-        self.decay_up = nnx.Linear(GATE_RANK, kv_heads * head_dim, param_dtype=param_dtype, rngs=rngs)
-        self.o_norm = nnx.RMSNorm(head_dim, epsilon=1e-6, dtype=jnp.float32, param_dtype=param_dtype, rngs=rngs)
+        down_names = logical_param("embed", "gate_rank")
+        self.decay_down = nnx.Linear(
+            d_model, GATE_RANK, use_bias=False, param_dtype=param_dtype, kernel_metadata=down_names, rngs=rngs
+        )
+        up_names = dict(kernel_metadata=logical_param("gate_rank", "kv_heads"), bias_metadata=logical_param("kv_heads"))
+        self.decay_up = nnx.Linear(GATE_RANK, kv_heads * head_dim, param_dtype=param_dtype, **up_names, rngs=rngs)
+        self.o_norm = nnx.RMSNorm(
+            head_dim,
+            epsilon=1e-6,
+            dtype=jnp.float32,
+            param_dtype=param_dtype,
+            scale_metadata=logical_param("head_dim"),
+            rngs=rngs,
+        )
 
     def __call__(
         self,

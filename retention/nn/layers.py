@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.parallel.rules import BTF, constrain, logical_param
 from retention.validation import check_int
 
 
@@ -63,7 +64,8 @@ class QKNorm(nnx.Module):
     """RMSNorm over the head dim of q and of k (one learnt scale [head_dim] each), as in Brumby and OLMo 2."""
 
     def __init__(self, head_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
-        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        names = logical_param("head_dim")
+        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, scale_metadata=names, rngs=rngs)
         self.q_norm, self.k_norm = norm(), norm()
 
     def __call__(self, q_BTHd, k_BTHd):
@@ -72,13 +74,15 @@ class QKNorm(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-    """The gated MLP of the blocks: down(silu(gate(x)) * up(x)), [B, T, D] -> [B, T, D], no biases."""
+    """The gated MLP of the blocks: down(silu(gate(x)) * up(x)), [B, T, D] -> [B, T, D], no biases; kernels
+    ("embed", "mlp") and ("mlp", "embed") in logical axes, the hidden activations ("batch", "sequence", "mlp")."""
 
     def __init__(self, d_model: int, hidden: int, *, dtype, param_dtype, rngs: nnx.Rngs):
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.gate = linear(d_model, hidden)
-        self.up = linear(d_model, hidden)
-        self.down = linear(hidden, d_model)
+        options = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        linear = lambda i, o, names: nnx.Linear(i, o, kernel_metadata=logical_param(*names), **options)
+        self.gate = linear(d_model, hidden, ("embed", "mlp"))
+        self.up = linear(d_model, hidden, ("embed", "mlp"))
+        self.down = linear(hidden, d_model, ("mlp", "embed"))
 
     def __call__(self, x_BTD: Float[Array, "B T D"]) -> Float[Array, "B T D"]:
-        return self.down(nnx.silu(self.gate(x_BTD)) * self.up(x_BTD))
+        return self.down(constrain(nnx.silu(self.gate(x_BTD)) * self.up(x_BTD), BTF))

@@ -30,6 +30,7 @@ from retention.nn.qkv import conv_cache_bytes
 from retention.ops import check_chunk_size, linear_attention, linear_attention_step
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
+from retention.parallel.rules import logical_param
 from retention.validation import check_int
 
 DT_RANGE = (1e-3, 1e-1)  # the initial step sizes dt, log-uniform
@@ -37,14 +38,15 @@ A_RANGE = (1.0, 16.0)  # the initial rates A = exp(A_log), uniform
 NORM_EPS = 1e-5
 
 
-def init_decay(rngs: nnx.Rngs, heads: int, param_dtype) -> tuple[nnx.Param, nnx.Param]:
-    """Mamba2's decay parameters per head: dt_bias with softplus(dt_bias) log-uniform in DT_RANGE, and A_log the
-    log of a uniform draw in A_RANGE."""
+def init_decay(rngs: nnx.Rngs, heads: int, param_dtype, heads_axis: str) -> tuple[nnx.Param, nnx.Param]:
+    """Mamba2's decay parameters per head (logical axis `heads_axis`): dt_bias with softplus(dt_bias) log-uniform
+    in DT_RANGE, and A_log the log of a uniform draw in A_RANGE."""
+    names = logical_param(heads_axis)
     low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
     dt = jnp.exp(jax.random.uniform(rngs.params(), (heads,), minval=low, maxval=high))
-    dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype))  # the inverse of softplus
+    dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype), **names)  # the inverse of softplus
     A = jax.random.uniform(rngs.params(), (heads,), minval=A_RANGE[0], maxval=A_RANGE[1])
-    return dt_bias, nnx.Param(jnp.log(A).astype(param_dtype))
+    return dt_bias, nnx.Param(jnp.log(A).astype(param_dtype), **names)
 
 
 def check_mamba2_dims(d_model: int, head_dim: int, state_size: int, expand: int, n_groups: int, *, names) -> int:
@@ -89,20 +91,25 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         self.head_dim, self.state_size, self.n_groups, self.chunk_size = head_dim, state_size, n_groups, chunk_size
         self.d_inner = expand * d_model
         bc = n_groups * state_size
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.in_proj = linear(d_model, 2 * self.d_inner + 2 * bc + self.heads)
-        self.conv = QKVConv(self.d_inner, bc, conv_size, param_dtype=param_dtype, rngs=rngs) if conv_size else None
+        options = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        linear = lambda i, o, *names: nnx.Linear(i, o, kernel_metadata=logical_param(*names), **options)
+        self.in_proj = linear(d_model, 2 * self.d_inner + 2 * bc + self.heads, "embed", "ssm_proj")
+        conv_axes = ("ssm_heads", "ssm_groups")
+        self.conv = (
+            QKVConv(self.d_inner, bc, conv_size, conv_axes, param_dtype=param_dtype, rngs=rngs) if conv_size else None
+        )
         if conv_size:
             bound = conv_size**-0.5  # PyTorch's Conv1d bias for a depthwise filter
             shape = (self.d_inner + 2 * bc,)
-            self.conv_bias = nnx.Param(jax.random.uniform(rngs.params(), shape, param_dtype, -bound, bound))
-        self.dt_bias, self.A_log = init_decay(rngs, self.heads, param_dtype)
-        self.D = nnx.Param(jnp.ones((self.heads,), param_dtype))
+            bias = jax.random.uniform(rngs.params(), shape, param_dtype, -bound, bound)
+            self.conv_bias = nnx.Param(bias, **logical_param("ssm_proj"))
+        self.dt_bias, self.A_log = init_decay(rngs, self.heads, param_dtype, "ssm_heads")
+        self.D = nnx.Param(jnp.ones((self.heads,), param_dtype), **logical_param("ssm_heads"))
         self.norm = nnx.RMSNorm(
             self.d_inner // n_groups, epsilon=NORM_EPS, use_scale=False, dtype=jnp.float32, rngs=rngs
         )
-        self.norm_scale = nnx.Param(jnp.ones((self.d_inner,), param_dtype))
-        self.out_proj = linear(self.d_inner, d_model)
+        self.norm_scale = nnx.Param(jnp.ones((self.d_inner,), param_dtype), **logical_param("ssm_heads"))
+        self.out_proj = linear(self.d_inner, d_model, "ssm_heads", "embed")
 
     def __call__(
         self,

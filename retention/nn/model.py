@@ -31,6 +31,7 @@ from retention.nn.remat import block_runner, checkpoint_policy
 from retention.nn.scan import run_scanned, scan_state, stacked_caches, stacked_periods, unscan_state
 from retention.nn.sizing import flops_per_token
 from retention.ops.validation import check_segment_ids
+from retention.parallel.rules import BTD, BTV, constrain, logical_param
 from retention.validation import check_at_runtime, check_int, concrete
 
 
@@ -50,7 +51,9 @@ class Block(nnx.Module):
 
     def __init__(self, config: LMConfig, kind: str, *, rngs: nnx.Rngs):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
-        norm = lambda: nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        norm = lambda: nnx.RMSNorm(
+            config.d_model, dtype=dtype, param_dtype=param_dtype, scale_metadata=logical_param("embed"), rngs=rngs
+        )
         self.mixer_norm = norm()
         self.mixer = MIXERS[kind].build(config, rngs=rngs)
         self.mlp_norm = norm()
@@ -65,7 +68,7 @@ class Block(nnx.Module):
         with jax.named_scope(type(self.mixer).__name__):
             h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache, **options)
         x_BTD = x_BTD + h
-        return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
+        return constrain(x_BTD + self.mlp(self.mlp_norm(x_BTD)), BTD), cache
 
 
 class LM(nnx.Module):
@@ -76,19 +79,26 @@ class LM(nnx.Module):
             raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
         self.config = config
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
-        self.embed = nnx.Embed(config.vocab_size, config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.embed = nnx.Embed(
+            config.vocab_size, config.d_model, embedding_metadata=logical_param("vocab", "embed"), **options
+        )
         if config.remat_policy != "none":
             checkpoint_policy(config.remat_policy)  # "offload" is refused here on a platform without host offload
         if config.scan_layers:
             self.periods = stacked_periods(config, Block, rngs=rngs)
         else:
             self.blocks = nnx.List([Block(config, kind, rngs=rngs) for kind in config.layer_kinds])
-        self.final_norm = nnx.RMSNorm(config.d_model, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.final_norm = nnx.RMSNorm(config.d_model, scale_metadata=logical_param("embed"), **options)
         self.head = (
             None
             if config.tie_embeddings
             else nnx.Linear(
-                config.d_model, config.vocab_size, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+                config.d_model,
+                config.vocab_size,
+                use_bias=False,
+                kernel_metadata=logical_param("embed", "vocab"),
+                **options,
             )
         )
 
@@ -125,7 +135,7 @@ class LM(nnx.Module):
             new_caches = None if caches is None else tuple(new_caches)
         x_BTD = self.final_norm(x_BTD)
         logits = self.embed.attend(x_BTD) if self.head is None else self.head(x_BTD)
-        return logits.astype(jnp.float32), new_caches
+        return constrain(logits.astype(jnp.float32), BTV), new_caches
 
     def __call__(
         self, tokens_BT: Int[Array, "B T"], *, segment_ids: Int[Array, "B T"] | None = None, debug_checks=False
@@ -137,7 +147,7 @@ class LM(nnx.Module):
             positions = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
         else:
             positions = document_positions(segment_ids)
-        x_BTD = self.embed(tokens_BT)
+        x_BTD = constrain(self.embed(tokens_BT), BTD)
         return self.forward_embeddings(x_BTD, positions=positions, segment_ids=segment_ids)[0]
 
     def init_caches(self, batch: int, max_len: int, *, step_tokens: int = 1) -> LMCache:

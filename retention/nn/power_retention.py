@@ -44,6 +44,7 @@ from retention.ops import (
 from retention.ops.power_retention import default_chunk_size
 from retention.ops.power_retention.recurrent import chunk_states
 from retention.ops.power_retention.state import clear_rows
+from retention.parallel.rules import logical_param
 from retention.validation import check_choice, check_int, check_number
 
 GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that training can sharpen
@@ -95,6 +96,8 @@ class PowerRetention(QKVMixer):
                 d_model,
                 kv_heads,
                 bias_init=nnx.initializers.constant(gate_bias_init),
+                kernel_metadata=logical_param("embed", "kv_heads"),
+                bias_metadata=logical_param("kv_heads"),
                 dtype=jnp.float32,
                 param_dtype=param_dtype,
                 rngs=rngs,

@@ -9,6 +9,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConv, check_conv_size
 from retention.nn.layers import QKNorm, apply_rope, check_heads, check_rope_base
+from retention.parallel.rules import BTHD, BTKD, constrain, logical_param
 from retention.validation import check_int
 
 
@@ -56,7 +57,9 @@ def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, para
     """The optional pieces between the projections and the op: (QKVConv or None, QKNorm or None)."""
     check_conv_size("conv_size", conv_size)
     conv = (
-        QKVConv(heads * head_dim, kv_heads * head_dim, conv_size, param_dtype=param_dtype, rngs=rngs)
+        QKVConv(
+            heads * head_dim, kv_heads * head_dim, conv_size, ("heads", "kv_heads"), param_dtype=param_dtype, rngs=rngs
+        )
         if conv_size
         else None
     )
@@ -87,11 +90,12 @@ class QKVMixer(nnx.Module):
         check_heads(heads, kv_heads, head_dim)
         check_rope_base(rope_base, head_dim)
         self.heads, self.kv_heads, self.head_dim, self.rope_base = heads, kv_heads, head_dim, rope_base
-        linear = lambda i, o: nnx.Linear(i, o, use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = linear(d_model, heads * head_dim)
-        self.k_proj = linear(d_model, kv_heads * head_dim)
-        self.v_proj = linear(d_model, kv_heads * head_dim)
-        self.o_proj = linear(heads * head_dim, d_model)
+        options = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        linear = lambda i, o, *names: nnx.Linear(i, o, kernel_metadata=logical_param(*names), **options)
+        self.q_proj = linear(d_model, heads * head_dim, "embed", "heads")
+        self.k_proj = linear(d_model, kv_heads * head_dim, "embed", "kv_heads")
+        self.v_proj = linear(d_model, kv_heads * head_dim, "embed", "kv_heads")
+        self.o_proj = linear(heads * head_dim, d_model, "heads", "embed")
         self.conv, self.qk_norm = make_qkv_parts(
             heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
         )
@@ -104,6 +108,7 @@ class QKVMixer(nnx.Module):
     def out(self, y_BTHd: Float[Array, "B T Hq d"]) -> Float[Array, "B T D"]:
         """The output projection of the op's heads (named "o_proj" for the remat policies, remat.py)."""
         B, T = y_BTHd.shape[:2]
+        y_BTHd = constrain(y_BTHd, BTHD)
         return checkpoint_name(self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim)), "o_proj")
 
 
@@ -120,9 +125,9 @@ def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, 
         conv_trail = mixer.conv.trail(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache)
     if mixer.conv is not None:
         q, k, v, conv_cache = mixer.conv(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache if decode else None)
-    q = q.reshape(B, T, mixer.heads, mixer.head_dim)
-    k = k.reshape(B, T, mixer.kv_heads, mixer.head_dim)
-    v = v.reshape(B, T, mixer.kv_heads, mixer.head_dim)
+    q = constrain(q.reshape(B, T, mixer.heads, mixer.head_dim), BTHD)
+    k = constrain(k.reshape(B, T, mixer.kv_heads, mixer.head_dim), BTKD)
+    v = constrain(v.reshape(B, T, mixer.kv_heads, mixer.head_dim), BTKD)
     if mixer.qk_norm is not None:
         q, k = mixer.qk_norm(q, k)
     if mixer.rope_base is not None:

@@ -1,5 +1,6 @@
 """Scanned layers (`LMConfig.scan_layers`): the pattern's period (e.g. the four blocks of "PPPA") is one module,
-`Period`, made `n_layers // len(pattern)` times by `nnx.vmap` (every parameter gains a leading repeat axis R) and
+`Period`, made `n_layers // len(pattern)` times by `nnx.vmap` (every parameter gains a leading repeat axis R, its
+logical axis "layers") and
 run by `nnx.scan`, so the step compiles one period whatever the depth. Caches are stacked the same way: one per
 letter of the period, each with the leading axis R.
 
@@ -53,7 +54,7 @@ def stacked_periods(config, block_type, *, rngs: nnx.Rngs) -> Period:
     repeats = config.n_layers // len(config.pattern)
 
     @nnx.split_rngs(splits=repeats)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
     def make(rngs):
         return Period(config, block_type, rngs=rngs)
 
@@ -65,7 +66,11 @@ def run_scanned(periods: Period, x_BTD, *, positions, segment_ids, caches, prefi
     of the period stacked over the repeats). Returns (x, the new stacked caches or None)."""
     run = block_runner(remat_policy, scanned=True)
 
-    @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None), out_axes=(nnx.Carry, 0))
+    @nnx.scan(
+        in_axes=(nnx.Carry, 0, 0, None, None),
+        out_axes=(nnx.Carry, 0),
+        transform_metadata={nnx.PARTITION_NAME: "layers"},
+    )
     def body(x_BTD, period, layer_caches, positions, segment_ids):
         options = dict(positions=positions, segment_ids=segment_ids, caches=layer_caches, prefill=prefill, run=run)
         return period(x_BTD, **options)

@@ -6,6 +6,7 @@ import math
 import jax
 
 SEQUENCE_AXIS = "sequence"
+TENSOR_AXIS = "tensor"  # tensor parallelism splits heads, never rows: not a default batch axis
 
 
 def context_parallel_size(axis: str = SEQUENCE_AXIS) -> int:
@@ -16,7 +17,7 @@ def context_parallel_size(axis: str = SEQUENCE_AXIS) -> int:
 
 def resolve_sequence_mesh(mesh, axis: str, batch_axes, B: int, T: int):
     """(mesh, n = the size of `axis`, the batch axes as a PartitionSpec entry) after checking the mesh (None: the
-    ambient one), the axis and that n divides T and the batch axes (None: every other axis) divide B."""
+    ambient one), the axis and that n divides T and the batch axes (None: every other axis but "tensor") divide B."""
     mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
     if mesh.empty:
         raise ValueError("mesh must be a jax.sharding.Mesh, or the call must run under jax.set_mesh(mesh); got none")
@@ -27,7 +28,9 @@ def resolve_sequence_mesh(mesh, axis: str, batch_axes, B: int, T: int):
         raise ValueError(
             f"the sequence length (q.shape[1]) must be a multiple of the mesh axis {axis!r} of size {n}, got T={T}"
         )
-    batch_axes = tuple(a for a in mesh.axis_names if a != axis) if batch_axes is None else tuple(batch_axes)
+    if batch_axes is None:
+        batch_axes = tuple(a for a in mesh.axis_names if a not in (axis, TENSOR_AXIS))
+    batch_axes = tuple(batch_axes)
     if axis in batch_axes or set(batch_axes) - set(mesh.axis_names):
         raise ValueError(f"batch_axes must name mesh axes other than {axis!r}, got {batch_axes}")
     rows = math.prod(mesh.shape[a] for a in batch_axes)

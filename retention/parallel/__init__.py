@@ -1,23 +1,22 @@
-"""Scale-out: the device mesh (data, FSDP, sequence), multi-host start-up, and the sharding rules.
+"""Scale-out: the device mesh (data, FSDP, sequence, tensor), multi-host start-up, the logical-axis rules and the
+shardings they give.
 
 Context-parallel ops (the sequence split across devices) are in `retention/ops/*/context_parallel.py`.
 """
 
-from retention.parallel.mesh import AXES, BATCH_AXES, initialize_distributed, make_mesh, mesh_shape
-from retention.parallel.sharding import (
-    batch_sharding,
-    check_batch,
-    fsdp_spec,
-    put_batch,
-    state_shardings,
-)
+from retention.parallel.mesh import AXES, initialize_distributed, make_mesh, mesh_shape
+from retention.parallel.rules import DEFAULT_RULES, LOGICAL_AXES, check_heads_split, check_rules, constrain
+from retention.parallel.sharding import batch_sharding, check_batch, put_batch, state_shardings
 
 __all__ = [
     "AXES",
-    "BATCH_AXES",
+    "DEFAULT_RULES",
+    "LOGICAL_AXES",
     "batch_sharding",
     "check_batch",
-    "fsdp_spec",
+    "check_heads_split",
+    "check_rules",
+    "constrain",
     "initialize_distributed",
     "make_mesh",
     "mesh_shape",

@@ -1,10 +1,11 @@
 """The device mesh from config, and multi-host start-up through `jax.distributed`.
 
-The mesh has three named axes over all devices (of every process): "data" (pure data parallelism: the batch is
-split, parameters replicated), "fsdp" (the batch is split and each parameter is sharded over its largest axis:
-see `sharding.py`) and "sequence" (the tokens of each sequence are split: context parallelism, see
-`retention/ops/*/context_parallel.py`). Every axis is `AxisType.Auto`: sharding is propagated by XLA, so the
-model code runs unchanged under the mesh.
+The mesh has four named axes over all devices (of every process): "data" (pure data parallelism: the batch is
+split, parameters replicated), "fsdp" (the batch is split and each parameter is sharded over its model-width
+dimension), "sequence" (the tokens of each sequence are split: context parallelism, see
+`retention/ops/*/context_parallel.py`) and "tensor" (tensor parallelism: heads, MLP and vocabulary split). What
+goes where is the logical-axis rules' (`rules.py`, the config's `mesh.rules`). Every axis is `AxisType.Auto`:
+sharding is propagated by XLA, so the model code runs unchanged under the mesh.
 """
 
 import logging
@@ -16,8 +17,7 @@ from jax.sharding import AxisType, Mesh
 
 log = logging.getLogger(__name__)
 
-AXES = ("data", "fsdp", "sequence")
-BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
+AXES = ("data", "fsdp", "sequence", "tensor")  # tensor last: the axis of the most traffic on the nearest devices
 # Environment variables that say a multi-process job was started by a launcher that JAX's
 # `jax.distributed.initialize()` reads on its own: marker -> the variable holding the process count. For Slurm,
 # the tasks of the current step (srun, as submitit uses), not of the allocation: a lone `python train.py` inside
@@ -29,40 +29,45 @@ CLUSTER_ENV = {
 }
 
 
-def mesh_shape(data: int, fsdp: int, sequence: int, n_devices: int) -> tuple[int, int, int]:
-    """The (data, fsdp, sequence) sizes over `n_devices`: -1 in one axis means "the devices the others leave".
+def mesh_shape(data: int, fsdp: int, sequence: int, n_devices: int, tensor: int = 1) -> tuple[int, int, int, int]:
+    """The (data, fsdp, sequence, tensor) sizes over `n_devices`: -1 in one axis means "the devices the others
+    leave".
 
     Raises ValueError naming `mesh.<axis>`, its value and what is allowed when a size is not a positive int
     (or -1), when more than one is -1, or when the product is not `n_devices`.
     """
-    sizes = {"data": data, "fsdp": fsdp, "sequence": sequence}
+    sizes = {"data": data, "fsdp": fsdp, "sequence": sequence, "tensor": tensor}
+    given = ", ".join(f"mesh.{name}={value}" for name, value in sizes.items())
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or not (value >= 1 or value == -1):
             raise ValueError(f"mesh.{name} must be a positive int or -1 (the devices left), got {value!r}")
     free = [name for name, value in sizes.items() if value == -1]
     if len(free) > 1:
-        raise ValueError(f"at most one of mesh.data, mesh.fsdp, mesh.sequence may be -1, got {free} all -1")
+        raise ValueError(
+            f"at most one of mesh.data, mesh.fsdp, mesh.sequence, mesh.tensor may be -1, got {free} all -1"
+        )
     if free:
         fixed = math.prod(v for v in sizes.values() if v != -1)
         if n_devices % fixed:
             raise ValueError(
                 f"mesh.{free[0]}=-1 needs the other axes' product ({fixed}) to divide the device count "
-                f"{n_devices}, got mesh.data={data}, mesh.fsdp={fsdp}, mesh.sequence={sequence}"
+                f"{n_devices}, got {given}"
             )
         sizes[free[0]] = n_devices // fixed
     if math.prod(sizes.values()) != n_devices:
         raise ValueError(
-            f"mesh.data * mesh.fsdp * mesh.sequence must equal the device count {n_devices}, got "
-            f"mesh.data={data}, mesh.fsdp={fsdp}, mesh.sequence={sequence} (product {math.prod(sizes.values())})"
+            f"mesh.data * mesh.fsdp * mesh.sequence * mesh.tensor must equal the device count {n_devices}, got "
+            f"{given} (product {math.prod(sizes.values())})"
         )
-    return sizes["data"], sizes["fsdp"], sizes["sequence"]
+    return tuple(sizes[name] for name in AXES)
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, sequence: int = 1, *, devices=None) -> Mesh:
-    """A Mesh with axes ("data", "fsdp", "sequence") over `devices` (default: every device of every process),
-    all `AxisType.Auto`. Sizes as in `mesh_shape`; `jax.make_mesh` orders the devices for the interconnect."""
+def make_mesh(data: int = -1, fsdp: int = 1, sequence: int = 1, tensor: int = 1, *, devices=None) -> Mesh:
+    """A Mesh with axes ("data", "fsdp", "sequence", "tensor") over `devices` (default: every device of every
+    process), all `AxisType.Auto`. Sizes as in `mesh_shape`; `jax.make_mesh` orders the devices for the
+    interconnect."""
     devices = jax.devices() if devices is None else list(devices)
-    shape = mesh_shape(data, fsdp, sequence, len(devices))
+    shape = mesh_shape(data, fsdp, sequence, len(devices), tensor)
     return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
 
 

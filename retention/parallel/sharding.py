@@ -1,53 +1,58 @@
-"""Sharding rules: FSDP for parameters and optimizer state, data (and sequence) parallelism for batches.
+"""Shardings from the logical-axis rules (`rules.py`): the train state (parameters and optimizer state) by each
+parameter's logical names, batches by ("batch", "sequence").
 
 All of it is `jax.sharding.NamedSharding` over the mesh of `mesh.py`; XLA's sharding propagation inserts the
-collectives (all-gather of a weight before its matmul, reduce-scatter of its gradient), so the model and the
-step are the same code on one device and on many.
+collectives (all-gather of a weight before its matmul, reduce-scatter of its gradient, the all-reduce after a
+tensor-parallel matmul), so the model and the step are the same code on one device and on many.
 """
 
 import jax
 import numpy as np
+from flax import nnx
+from flax.core import spmd as core_spmd
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from retention.parallel.mesh import BATCH_AXES
+from retention.parallel.rules import DEFAULT_RULES, fit_spec, rule_size
+
+BATCH = ("batch", "sequence")  # the logical names of a token batch [B, T]
 
 
-def fsdp_spec(shape: tuple[int, ...], fsdp_size: int) -> P:
-    """P with "fsdp" on the largest axis of `shape` that `fsdp_size` divides (the first of equal ones), or P()
-    (replicated) when no axis is divisible or fsdp_size is 1."""
-    if fsdp_size == 1:
-        return P()
-    candidates = [i for i, n in enumerate(shape) if n % fsdp_size == 0]
-    if not candidates:
-        return P()
-    axis = max(candidates, key=lambda i: (shape[i], -i))
-    return P(*(("fsdp" if i == axis else None) for i in range(len(shape))))
+def state_shardings(abstract_state, mesh: Mesh, rules=DEFAULT_RULES):
+    """A NamedSharding per leaf of a train state (params, optimizer state, step) or of a model's state.
 
-
-def state_shardings(abstract_state, mesh: Mesh):
-    """A NamedSharding per leaf of a train state (params, optimizer state, step), by the FSDP rule.
-
-    The rule depends on the leaf's shape only, so AdamW's moments (shaped like their parameters) land where their
-    parameters are, and scalars (step, counts) are replicated. `abstract_state` may hold arrays or
-    jax.ShapeDtypeStructs (e.g. from jax.eval_shape).
+    Each parameter's logical names (its `out_sharding` metadata) resolve through `rules` (Flax's
+    `nnx.logical_axis_rules` and `nnx.get_partition_spec`), then `fit_spec` keeps the mesh axes that divide its
+    dimensions. AdamW's moments keep their parameters' metadata, so they land where their parameters are; leaves
+    without names (step, counts) are replicated. `abstract_state` may hold arrays or jax.ShapeDtypeStructs (e.g.
+    from jax.eval_shape).
     """
-    fsdp = mesh.shape["fsdp"]
-    return jax.tree.map(lambda x: NamedSharding(mesh, fsdp_spec(tuple(x.shape), fsdp)), abstract_state)
+    with nnx.logical_axis_rules(rules):
+        specs = nnx.get_partition_spec(abstract_state)
+    mesh_shape = dict(mesh.shape)
+    return jax.tree.map(
+        lambda spec, x: NamedSharding(mesh, fit_spec(spec, tuple(x.shape), mesh_shape)), specs, abstract_state
+    )
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Token batches [B, T]: rows over ("data", "fsdp"), tokens over "sequence"."""
-    return NamedSharding(mesh, P(BATCH_AXES, "sequence"))
+def batch_sharding(mesh: Mesh, rules=DEFAULT_RULES) -> NamedSharding:
+    """Token batches [B, T]: rows over the "batch" rule's mesh axes, tokens over the "sequence" rule's (by
+    default rows over ("data", "fsdp"), tokens over "sequence")."""
+    return NamedSharding(mesh, P(*core_spmd.from_sharding_rules(BATCH, rules)))
 
 
-def check_batch(batch_size: int, seq_len: int, mesh: Mesh, names=("data.batch_size", "data.seq_len")) -> None:
-    """ValueError naming the key when the batch does not split evenly over the mesh."""
-    rows = mesh.shape["data"] * mesh.shape["fsdp"]
-    if batch_size % rows:
-        raise ValueError(f"{names[0]} must be a multiple of mesh.data * mesh.fsdp = {rows}, got {batch_size}")
-    if seq_len % mesh.shape["sequence"]:
-        raise ValueError(f"{names[1]} must be a multiple of mesh.sequence = {mesh.shape['sequence']}, got {seq_len}")
+def check_batch(
+    batch_size: int, seq_len: int, mesh: Mesh, names=("data.batch_size", "data.seq_len"), rules=DEFAULT_RULES
+) -> None:
+    """ValueError naming the key when the batch does not split evenly over the mesh axes of its rules."""
+    for logical, name, value in zip(BATCH, names, (batch_size, seq_len)):
+        size = rule_size(logical, mesh, rules)
+        if value % size:
+            axes = dict(rules).get(logical)
+            axes = (axes,) if isinstance(axes, str) else axes
+            raise ValueError(
+                f"{name} must be a multiple of {' * '.join(f'mesh.{a}' for a in axes)} = {size}, got {value}"
+            )
 
 
 def put_batch(x: np.ndarray, sharding: NamedSharding) -> jax.Array:

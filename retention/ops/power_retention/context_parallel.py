@@ -102,8 +102,8 @@ def power_retention_context_parallel(
     (y, state) with `return_state`); `impl` is
     the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas"). mesh: a Mesh, or
     None for the ambient one (`jax.set_mesh`); batch_axes: the mesh axes that split the batch (default: every
-    other axis). T must be a multiple of the axis size, B of the batch axes' product. chunk_size None: the local
-    op's default for T / n tokens.
+    other axis but "tensor"). T must be a multiple of the axis size, B of the batch axes' product. chunk_size None:
+    the local op's default for T / n tokens.
     """
     check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, T, _, d = q.shape
