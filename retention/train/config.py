@@ -19,13 +19,14 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from retention.data import TASKS, Dataset
 from retention.nn import LMConfig, size_config
+from retention.parallel import DEFAULT_RULES, check_rules
 from retention.train.convergence import METRIC_CHOICES
 from retention.validation import check_choice, check_int, check_number
 
@@ -158,13 +159,16 @@ class TrainerConfig:
 
 @dataclass
 class MeshConfig:
-    """The device mesh (retention/parallel): data x fsdp x sequence must equal the device count of all processes
-    (-1 in one axis: the devices the others leave); and, for a multi-host job not started by a scheduler that
+    """The device mesh (retention/parallel): data x fsdp x sequence x tensor must equal the device count of all
+    processes (-1 in one axis: the devices the others leave); the logical-axis rules, [logical name, mesh axis or
+    axes or null] pairs (retention/parallel/rules.py); and, for a multi-host job not started by a scheduler that
     jax.distributed detects (a multi-task Slurm step, mpirun), the coordinator "host:port", process count and rank."""
 
     data: int = -1
     fsdp: int = 1
     sequence: int = 1
+    tensor: int = 1
+    rules: list[Any] = field(default_factory=lambda: [list(rule) for rule in DEFAULT_RULES])
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
@@ -305,6 +309,7 @@ def build(cfg: Config, run_dir: str | None = None) -> tuple[LMConfig, Dataset]:
     check_known_keys(cfg)
     check_folder_name("model.name", cfg.model.name)
     check_optim_trainer(cfg.optim, cfg.trainer)
+    check_rules(cfg.mesh.rules)
     dataset = make_dataset(cfg.data, cfg.seed, run_dir)
     if cfg.trainer.early_stop.metric == "bits_per_byte" and cfg.data.task != "text":
         raise ValueError(f"trainer.early_stop.metric='bits_per_byte' is a text metric, the task is {cfg.data.task!r}")

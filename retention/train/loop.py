@@ -14,8 +14,9 @@ counts on from it, and a converged run resumed again trains no further. summary.
 its final value.
 
 The same loop runs on one device or many (retention/parallel): it joins a multi-host job when there is one,
-builds the `mesh` config's (data, fsdp, sequence) mesh over all devices, makes the state FSDP-sharded and feeds
-batches split over it; checkpoints restore onto the current mesh whichever wrote them.
+builds the `mesh` config's (data, fsdp, sequence, tensor) mesh over all devices, places the state and splits the
+batches by the config's logical-axis rules (`mesh.rules`); checkpoints restore onto the current mesh whichever
+wrote them.
 
 Run folder: run.json (the run record, and `started_over`: each time every checkpoint was found damaged and the
 run started over from step 0), train.lock, checkpoints/<step>/, checkpoints_damaged/ (only when a
@@ -36,8 +37,16 @@ from flax import nnx
 
 from retention.data import Dataset, prefetch
 from retention.nn import LM, cache_bytes
-from retention.parallel import batch_sharding, check_batch, initialize_distributed, make_mesh, put_batch
-from retention.parallel import state_shardings as fsdp_shardings
+from retention.parallel import (
+    batch_sharding,
+    check_batch,
+    check_heads_split,
+    check_rules,
+    initialize_distributed,
+    make_mesh,
+    put_batch,
+    state_shardings,
+)
 from retention.train.checkpoint import Checkpoints
 from retention.train.config import Config, build
 from retention.train.convergence import DEFAULT_METRIC, EvalHistory
@@ -78,11 +87,13 @@ def train(cfg: Config, run_dir: str, *, hparams: dict | None = None, files: dict
     (train.py's .hydra/ files), so a refused launch changes none of them."""
     initialize_distributed(cfg.mesh.coordinator_address, cfg.mesh.num_processes, cfg.mesh.process_id)
     lm, dataset = build(cfg, run_dir)
-    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence)
-    check_batch(cfg.data.batch_size, cfg.data.seq_len, mesh)
+    mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor)
+    rules = check_rules(cfg.mesh.rules)
+    check_batch(cfg.data.batch_size, cfg.data.seq_len, mesh, rules=rules)
+    check_heads_split(lm.n_heads, lm.n_kv_heads, mesh, rules)
     lock = "train.lock" if jax.process_count() == 1 else f"train.{jax.process_index()}.lock"
     with RunLock(run_dir, lock):
-        return _train(cfg, run_dir, lm, dataset, mesh, hparams or {}, files or {})
+        return _train(cfg, run_dir, lm, dataset, mesh, rules, hparams or {}, files or {})
 
 
 @dataclasses.dataclass
@@ -159,7 +170,7 @@ def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardi
     return restored.step, restored.state, restored.progress, []
 
 
-def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: dict[str, str]) -> dict:
+def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, files: dict[str, str]) -> dict:
     T, B, steps = cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.steps
     abstract_model = nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed)))  # shapes only
     n_params = abstract_model.param_count()
@@ -171,7 +182,7 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: d
     tx, schedule = make_optimizer(cfg.optim, steps)
     init_state = make_init(lm, tx, cfg.seed)
     abstract_state = jax.eval_shape(init_state)
-    shardings = fsdp_shardings(abstract_state, mesh)  # FSDP: each leaf over "fsdp" on its largest axis
+    shardings = state_shardings(abstract_state, mesh, rules)  # each leaf by its logical axes' rules
     primary = jax.process_index() == 0  # one process writes the record, the events and the summary
     fingerprints = dataset.fingerprints() if hasattr(dataset, "fingerprints") else None  # text: tokenizer, corpus
     record = run_record(cfg, lm, abstract_state["params"], fingerprints)
@@ -204,19 +215,20 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, hparams: dict, files: d
             *(cfg.model.name, lm.pattern, lm.n_layers, lm.d_model, n_params, cfg.data.task, T, B, start, steps),
             dict(mesh.shape),
         )
-        put = functools.partial(put_batch, sharding=batch_sharding(mesh))
+        batches = batch_sharding(mesh, rules)
+        put = functools.partial(put_batch, sharding=batches)
         progress = Progress(B * T, training_flops_per_token(lm, T), cfg.trainer.peak_flops, saved_progress)
         history = eval_history(cfg, saved_progress)
-        eval_step = make_eval_step(graphdef, mesh=mesh)
+        eval_step = make_eval_step(graphdef, mesh=mesh, rules=rules)
         session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, eval_step, history)
         stopped = history.stopped_step()  # a run the rule stopped has nothing left to train
         traces, compile_s, final = TraceCount(), None, steps if stopped is None else max(stopped, start)
         if start < final:
             train_step = make_train_step(
-                graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batch_sharding(mesh)
+                graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batches, rules=rules
             )
             batch_shape = jax.tree.map(
-                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batch_sharding(mesh)),
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batches),
                 device_batch(dataset.batch(start), np.asarray),
             )
             t0 = time.perf_counter()

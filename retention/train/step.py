@@ -18,6 +18,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.data import IGNORE, Batch
 from retention.nn import LM, LMConfig
+from retention.parallel import DEFAULT_RULES
 
 
 class TraceCount:
@@ -89,19 +90,20 @@ def make_init(lm: LMConfig, tx: optax.GradientTransformation, seed: int):
     return init
 
 
-def under_mesh(fn, mesh: Mesh | None):
-    """`fn` called, and so traced, under `jax.set_mesh(mesh)`: the model's mixers see the mesh (its "sequence"
-    axis switches them to the context-parallel ops) and sharding annotations resolve against it. None: `fn`."""
+def under_mesh(fn, mesh: Mesh | None, rules=DEFAULT_RULES):
+    """`fn` called, and so traced, under `jax.set_mesh(mesh)` and the logical-axis `rules`
+    (`nnx.logical_axis_rules`): the model's mixers see the mesh (its "sequence" axis switches them to the
+    context-parallel ops) and its activations' logical axes resolve against it. None: `fn`."""
     if mesh is None:
         return fn
 
     @functools.wraps(fn)
     def call(*args):
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
             return fn(*args)
 
     def lower(*args):
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
             return fn.lower(*args)
 
     call.lower = lower  # ahead-of-time compilation, traced under the mesh too
@@ -116,11 +118,13 @@ def make_train_step(
     mesh: Mesh | None = None,
     state_shardings=None,
     batch_sharding: NamedSharding | None = None,
+    rules=DEFAULT_RULES,
 ):
     """jit(state, batch) -> (new state, {loss, accuracy, grad_norm}); state donated; batch from `device_batch`.
 
-    With a mesh (retention/parallel): the step runs under it, the state stays in `state_shardings` (in and out)
-    and the batch comes in `batch_sharding`; XLA inserts the collectives. The model code is the same.
+    With a mesh (retention/parallel): the step runs under it and the logical-axis `rules`, the state stays in
+    `state_shardings` (in and out) and the batch comes in `batch_sharding`; XLA inserts the collectives. The model
+    code is the same.
     """
 
     def train_step(state, batch):
@@ -144,14 +148,17 @@ def make_train_step(
         return jax.jit(train_step, donate_argnums=0)
     shardings = (state_shardings, batch_sharding)
     return under_mesh(
-        jax.jit(train_step, donate_argnums=0, in_shardings=shardings, out_shardings=(state_shardings, None)), mesh
+        jax.jit(train_step, donate_argnums=0, in_shardings=shardings, out_shardings=(state_shardings, None)),
+        mesh,
+        rules,
     )
 
 
-def make_eval_step(graphdef: nnx.GraphDef, *, mesh: Mesh | None = None):
-    """jit(params, batch) -> masked_sums of the forward (compiled once per length); under `mesh` when given (the
-    inputs' shardings are kept)."""
+def make_eval_step(graphdef: nnx.GraphDef, *, mesh: Mesh | None = None, rules=DEFAULT_RULES):
+    """jit(params, batch) -> masked_sums of the forward (compiled once per length); under `mesh` and `rules` when
+    given (the inputs' shardings are kept)."""
     return under_mesh(
         jax.jit(lambda params, batch: masked_sums(batch_logits(nnx.merge(graphdef, params), batch), batch["targets"])),
         mesh,
+        rules,
     )
