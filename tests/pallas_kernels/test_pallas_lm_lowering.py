@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from retention.nn import LM, LMConfig
 from retention.ops.platform import lowering_for
-from retention.parallel.sharding import fsdp_spec
+from retention.parallel.sharding import state_shardings
 
 DEVICES = {"tpu": ("TPU v5 lite", "tpu", "tpu_custom_call"), "cuda": ("NVIDIA H200", "cuda", "__gpu$xla.gpu.triton")}
 TRITON = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
@@ -40,10 +40,8 @@ def _exported(platform: str, shape: tuple[int, int, int], d: int):
         dtype="bfloat16",
     )
     graphdef, params = nnx.split(nnx.eval_shape(lambda: LM(config, rngs=nnx.Rngs(0))))
-    placed = lambda x: jax.ShapeDtypeStruct(
-        x.shape, x.dtype, sharding=NamedSharding(mesh, fsdp_spec(x.shape, shape[1]))
-    )
-    params = jax.tree.map(placed, params)
+    placed = lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    params = jax.tree.map(placed, params, state_shardings(params, mesh))
     tokens = jax.ShapeDtypeStruct((8, 256), jnp.int32, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
     loss = lambda params, tokens: nnx.merge(graphdef, params)(tokens).astype(jnp.float32).mean()
     step = jax.jit(jax.value_and_grad(loss))

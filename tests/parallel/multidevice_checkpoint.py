@@ -95,11 +95,14 @@ def test_run_resumed_on_another_mesh_matches_uninterrupted(tmp_path, caplog):
     [
         (
             ["mesh.data=3"],
-            r"mesh.data \* mesh.fsdp \* mesh.sequence must equal the device count 8, got mesh.data=3, "
-            r"mesh.fsdp=1, mesh.sequence=1 \(product 3\)",
+            r"mesh.data \* mesh.fsdp \* mesh.sequence \* mesh.tensor must equal the device count 8, got "
+            r"mesh.data=3, mesh.fsdp=1, mesh.sequence=1, mesh.tensor=1 \(product 3\)",
         ),
         (["mesh.fsdp=3"], r"mesh.data=-1 needs the other axes' product \(3\) to divide the device count 8"),
-        (["mesh.data=-1", "mesh.fsdp=-1"], r"at most one of mesh.data, mesh.fsdp, mesh.sequence may be -1"),
+        (
+            ["mesh.data=-1", "mesh.fsdp=-1"],
+            r"at most one of mesh.data, mesh.fsdp, mesh.sequence, mesh.tensor may be -1",
+        ),
         (["mesh.sequence=0"], r"mesh.sequence must be a positive int or -1 \(the devices left\), got 0"),
         (["mesh.sequence=8", "data.seq_len=12"], r"data.seq_len must be a multiple of mesh.sequence = 8, got 12"),
         (

@@ -5,30 +5,33 @@ jax.distributed is (not) started."""
 import jax
 import pytest
 from jax.sharding import AxisType
-from jax.sharding import PartitionSpec as P
 
-from retention.parallel import fsdp_spec, initialize_distributed, make_mesh, mesh_shape
+from retention.parallel import initialize_distributed, make_mesh, mesh_shape
 from retention.parallel.mesh import cluster_detected
 
 
 @pytest.mark.parametrize(
     "sizes,n,want",
     [
-        ((-1, 1, 1), 8, (8, 1, 1)),
-        ((2, -1, 2), 8, (2, 2, 2)),
-        ((1, 2, -1), 16, (1, 2, 8)),
-        ((4, 2, 1), 8, (4, 2, 1)),
-        ((-1, 3, 1), 6, (2, 3, 1)),
+        ((-1, 1, 1), 8, (8, 1, 1, 1)),
+        ((2, -1, 2), 8, (2, 2, 2, 1)),
+        ((1, 2, -1), 16, (1, 2, 8, 1)),
+        ((4, 2, 1), 8, (4, 2, 1, 1)),
+        ((-1, 3, 1), 6, (2, 3, 1, 1)),
+        ((1, 2, 1, -1), 8, (1, 2, 1, 4)),
+        ((-1, 1, 1, 4), 8, (2, 1, 1, 4)),
     ],
 )
 def test_mesh_shape_fills_the_free_axis(sizes, n, want):
-    assert mesh_shape(*sizes, n) == want
+    assert mesh_shape(*sizes[:3], n, *sizes[3:]) == want
 
 
 @pytest.mark.parametrize(
     "sizes,n,message",
     [
-        ((2, 2, 1), 8, r"must equal the device count 8, got mesh.data=2, mesh.fsdp=2, mesh.sequence=1 \(product 4\)"),
+        ((2, 2, 1), 8, r"device count 8, got mesh.data=2, mesh.fsdp=2, mesh.sequence=1, mesh.tensor=1 \(product 4\)"),
+        ((1, 1, 1, 0), 8, r"mesh.tensor must be a positive int or -1 \(the devices left\), got 0"),
+        ((1, 1, -1, -1), 8, r"at most one of .* may be -1"),
         ((1, 3, -1), 8, r"mesh.sequence=-1 needs the other axes' product \(3\) to divide the device count 8"),
         ((-1, -1, 1), 8, r"at most one of .* may be -1"),
         ((1, 0, 1), 1, r"mesh.fsdp must be a positive int or -1 \(the devices left\), got 0"),
@@ -38,35 +41,16 @@ def test_mesh_shape_fills_the_free_axis(sizes, n, want):
 )
 def test_bad_mesh_shape_names_the_axis(sizes, n, message):
     with pytest.raises(ValueError, match=message):
-        mesh_shape(*sizes, n)
+        mesh_shape(*sizes[:3], n, *sizes[3:])
 
 
 def test_default_mesh_on_this_machine():
     mesh = make_mesh()
-    assert mesh.axis_names == ("data", "fsdp", "sequence")
-    assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "sequence": 1}
-    assert mesh.axis_types == (AxisType.Auto,) * 3  # sharding propagation, so the model code is unchanged
+    assert mesh.axis_names == ("data", "fsdp", "sequence", "tensor")
+    assert dict(mesh.shape) == {"data": jax.device_count(), "fsdp": 1, "sequence": 1, "tensor": 1}
+    assert mesh.axis_types == (AxisType.Auto,) * 4  # sharding propagation, so the model code is unchanged
     with pytest.raises(ValueError, match=f"must equal the device count {jax.device_count()}"):
         make_mesh(jax.device_count() + 1, 1, 1)
-
-
-@pytest.mark.parametrize(
-    "shape,fsdp,want",
-    [
-        ((48, 64), 4, P(None, "fsdp")),  # the largest axis
-        ((64, 48), 4, P("fsdp", None)),
-        ((64, 64), 8, P("fsdp", None)),  # equal sizes: the first
-        ((30, 64), 8, P(None, "fsdp")),
-        ((36, 20), 8, P()),  # no axis divisible: replicated
-        ((100, 12), 4, P("fsdp", None)),
-        ((10, 12), 4, P(None, "fsdp")),  # the largest divisible axis, not the largest
-        ((5,), 4, P()),
-        ((), 4, P()),  # scalars (step, Adam's count)
-        ((48, 64), 1, P()),  # no FSDP
-    ],
-)
-def test_fsdp_rule(shape, fsdp, want):
-    assert fsdp_spec(shape, fsdp) == want
 
 
 @pytest.mark.parametrize(
