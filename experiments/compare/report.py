@@ -95,10 +95,23 @@ def read(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def write_report(data: Path, out: Path, op_speed: Path | None = Path("results/op_speed.json")) -> None:
-    """Write the report of the comparison in `data` to `out`, its PNGs into `data`."""
-    speed, quality = read(data / "speed.json"), read(data / "quality.json")
-    meta = speed or quality
+def current_speed(speed: dict | None, recipes: dict[str, dict] | None) -> tuple[dict | None, list[str]]:
+    """(speed.json with only the models measured with their `recipes` (None: all kept), the models left out)."""
+    if speed is None or recipes is None:
+        return speed, []
+    results = speed["results"]
+    kept = {m: r for m, r in results.items() if r.get("recipe") == recipes.get(m)}
+    return ({**speed, "results": kept} if kept else None), [m for m in results if m not in kept]
+
+
+def write_report(
+    data: Path, out: Path, op_speed: Path | None = Path("results/op_speed.json"), speed_recipes: dict | None = None
+) -> None:
+    """Write the report of the comparison in `data` to `out`, its PNGs into `data`. `speed_recipes` ({model: the
+    preset's speed recipe}): speed results measured with another recipe are left out, and the report says so."""
+    measured, quality = read(data / "speed.json"), read(data / "quality.json")
+    speed, stale = current_speed(measured, speed_recipes)
+    meta = speed or quality or measured
     if meta is None:
         raise SystemExit(f"neither speed.json nor quality.json in {data}: run python -m experiments.compare.run first")
     res = Results(quality) if quality else None
@@ -115,6 +128,14 @@ def write_report(data: Path, out: Path, op_speed: Path | None = Path("results/op
     lines += headline_section(speed, res)
     if (data / "NOTES.md").exists():
         lines += [(data / "NOTES.md").read_text(), ""]
+    if stale:
+        lines += [
+            "## Speed and memory",
+            "",
+            f"Not shown for {', '.join(stale)}: speed.json holds their times measured with another recipe (model "
+            "overrides or speed settings) than the preset's; the speed stage measures them again.",
+            "",
+        ]
     if speed:
         lines += speed_section(speed, data, rel)
     if op_speed is not None and op_speed.exists():

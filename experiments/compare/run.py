@@ -35,7 +35,7 @@ from experiments.compare.protocol import parse_only, parse_part, sweep_runs
 from experiments.compare.quality import collect, run_stages
 from experiments.compare.report import write_report
 from experiments.compare.runs import SUMMARY, read_json, timed, write_json
-from experiments.compare.speed import measure_speed
+from experiments.compare.speed import measure_speed, speed_recipe
 
 
 def machine() -> dict:
@@ -104,7 +104,8 @@ def main(argv=None):
             left = run_stages(preset, runs, part, only)
             print("jobs left to other parts, filtered out or waiting for sweeps:", json.dumps(left))
         write_json(data / "quality.json", {**meta, **collect(preset, runs)})
-    write_report(data, report)
+    recipes = {m: speed_recipe(m, preset) for m in preset.speed.models} if preset.speed else None
+    write_report(data, report, speed_recipes=recipes)
     print(f"wrote {report}; TensorBoard for the training runs: tensorboard --logdir {runs}")
 
 

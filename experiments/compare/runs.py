@@ -94,7 +94,10 @@ def position_losses(evals: dict) -> dict[int, float]:
 
 
 def train_loss_curve(tb_dir: Path) -> list[tuple[int, float, float]]:
-    """(step, seconds since the run's first event, loss) of the run's training loss in TensorBoard."""
+    """(step, seconds since the run's first event, loss) of the run's training loss in TensorBoard; none when the
+    run's folder is not on this machine."""
+    if not tb_dir.is_dir():
+        return []
     acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
     acc.Reload()
     tags = acc.Tags()["scalars"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.compare.presets import PRESETS
+from experiments.compare.report import write_report
 from experiments.compare.run import main
 from experiments.compare.speed import speed_recipe
 
@@ -62,3 +63,33 @@ def test_a_speed_result_of_another_recipe_is_measured_again(monkeypatch):
     assert set(measured) == {first} and results[first]["train"] != "stale"
     assert results[first]["recipe"] == speed.speed_recipe(first, preset)
     assert results[second] is kept
+
+
+def test_the_report_leaves_out_speed_measured_with_another_recipe(tmp_path, monkeypatch):
+    """Speed results whose recorded recipe is not the preset's (a changed preset, a speed.json from before
+    recipes were recorded) are not shown as the preset's: the report names them; with the recipes, it shows them."""
+    committed = Path("results/compare/cpu").absolute()
+    monkeypatch.chdir(tmp_path)  # no outputs/: the report reads no run's curves
+    shutil.copy(committed / "quality.json", tmp_path / "quality.json")
+    measured = json.loads((committed / "speed.json").read_text())
+    recipes = {m: speed_recipe(m, PRESETS["cpu"]) for m in PRESETS["cpu"].speed.models}
+    stale = {
+        m: {**r, "recipe": {**recipes[m], "overrides": ["model.head_dim=8"]}} for m, r in measured["results"].items()
+    }
+    (tmp_path / "speed.json").write_text(json.dumps({**measured, "results": stale}))
+    write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None, speed_recipes=recipes)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert f"Not shown for {', '.join(stale)}" in text and "Training step (forward, backward" not in text
+    current = {m: {**r, "recipe": recipes[m]} for m, r in measured["results"].items()}
+    (tmp_path / "speed.json").write_text(json.dumps({**measured, "results": current}))
+    write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None, speed_recipes=recipes)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "Not shown for" not in text and "Training step (forward, backward" in text
+
+
+def test_a_run_folder_not_on_this_machine_has_no_curve(tmp_path):
+    """The report of a quality.json whose runs are gone draws no curve for them (TensorBoard raised on the missing
+    folder, so the whole report failed)."""
+    from experiments.compare.runs import train_loss_curve
+
+    assert train_loss_curve(tmp_path / "gone" / "tb") == []
