@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from experiments.compare.models import compose_config, entry_overrides, lm_cache_bytes
@@ -20,6 +21,7 @@ from experiments.decode_speed import ms_per_token
 from experiments.timing import run_times
 from retention.data import Batch
 from retention.nn import LM
+from retention.parallel import batch_sharding, state_shardings
 from retention.train.config import Config, make_lm_config
 from retention.train.metrics import throughput, training_flops_per_token
 from retention.train.optimizer import make_optimizer
@@ -30,16 +32,26 @@ VOCAB = 256  # byte-level, as the text task
 CACHE_CONTEXTS = tuple(1024 * 4**i for i in range(6))  # 1k .. 1M tokens: shapes only, nothing allocated
 
 
-def abstract_train_step(cfg: Config, T: int, B: int):
-    """(graphdef, tx, the train state's ShapeDtypeStructs, the compiled train step on [B, T] tokens): compiled
-    from shapes alone, so a step too large to run here can still be compiled and its memory analysed."""
-    lm = make_lm_config(cfg.model, VOCAB)
+def abstract_train_step(cfg: Config, T: int, B: int, *, vocab_size: int = VOCAB, mesh: Mesh | None = None):
+    """(graphdef, tx, the train state's ShapeDtypeStructs, the compiled train step on [B, T] tokens of
+    `vocab_size` ids): compiled from shapes alone, so a step too large to run here can still be compiled and its
+    memory analysed. With a mesh, the trainer's sharded step: the state FSDP-sharded (`state_shardings`) and the
+    batch split (`batch_sharding`), so the memory analysis is one device's."""
+    lm = make_lm_config(cfg.model, vocab_size)
     tx, _ = make_optimizer(cfg.optim, 1000)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed))))
     state = jax.eval_shape(make_init(lm, tx, cfg.seed))
     tokens = jax.ShapeDtypeStruct((B, T), jnp.int32)
     batch = device_batch(Batch(tokens, tokens), put=lambda x: x)
-    return graphdef, tx, state, make_train_step(graphdef, tx, TraceCount()).lower(state, batch).compile()
+    placement = {}
+    if mesh is not None:
+        placement = {
+            "mesh": mesh,
+            "state_shardings": state_shardings(state, mesh),
+            "batch_sharding": batch_sharding(mesh),
+        }
+    step = make_train_step(graphdef, tx, TraceCount(), **placement)
+    return graphdef, tx, state, step.lower(state, batch).compile()
 
 
 def train_step_time(cfg: Config, T: int, B: int, repeats: int, peak_flops: float) -> dict:
