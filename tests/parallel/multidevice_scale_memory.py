@@ -1,6 +1,7 @@
 """The scale preset on 8 host devices (run by test_eight_devices.py): under 1x8 and 2x4 meshes of data x fsdp its
-train state is sharded by the FSDP rule (one device holds its fsdp share), and its compiled 16k-token train step
-fits an H200 by XLA's memory analysis (compiled for the CPU from shapes alone: an estimate of the GPU's)."""
+train state is sharded by the logical-axis rules (`embed` over fsdp: one device holds its fsdp share), and its
+compiled 16k-token train step fits an H200 by XLA's memory analysis (compiled for the CPU from shapes alone: an
+estimate of the GPU's)."""
 
 import jax
 import numpy as np
