@@ -126,7 +126,9 @@ def test_errors_name_the_argument():
     odd_batch = r"batch \(q.shape\[0\]\) must be a multiple of the mesh axes \('data',\) of size 2, got B=3"
     with pytest.raises(ValueError, match=odd_batch):
         power_retention_context_parallel(q, k, v, log_g, mesh=make_mesh(2, 1, 4), batch_axes=("data",))
-    with pytest.raises(ValueError, match=r"axis must name a mesh axis, one of \('data', 'fsdp', 'sequence'\), got 'se"):
+    with pytest.raises(
+        ValueError, match=r"axis must name a mesh axis, one of \('data', 'fsdp', 'sequence', 'tensor'\), got 'se"
+    ):
         power_retention_context_parallel(q, k, v, log_g, mesh=mesh, axis="seq")
     with pytest.raises(ValueError, match="under jax.set_mesh"):
         power_retention_context_parallel(q, k, v, log_g)  # no mesh given, none ambient
