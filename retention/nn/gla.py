@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, matrix_cache_bytes, run_mixing
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import QKVMixer, conv_taps, project_qkv, qkv_part_params, qkvo_weights
+from retention.nn.qkv import QKVMixer, conv_taps, head_gate_proj, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
@@ -48,15 +48,7 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=None, dtype=dtype, param_dtype=param_dtype)
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         self.chunk_size = chunk_size
-        self.gate_proj = nnx.Linear(
-            d_model,
-            heads * head_dim,
-            use_bias=False,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            kernel_metadata=logical_param("embed", "heads"),
-            rngs=rngs,
-        )
+        self.gate_proj = head_gate_proj(d_model, heads, head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         down_names = logical_param("embed", "gate_rank")
         self.decay_down = nnx.Linear(
             d_model, GATE_RANK, use_bias=False, param_dtype=param_dtype, kernel_metadata=down_names, rngs=rngs

@@ -53,6 +53,19 @@ def conv_cache_bytes(config, batch: int, channels: int | None = None) -> int:
     return batch * (config.conv_size - 1) * (channels * jnp.dtype(config.dtype).itemsize + 4)
 
 
+def head_gate_proj(d_model: int, heads: int, head_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    """The output gate's projection [B, T, D] -> [B, T, heads * head_dim], no bias, kernel ("embed", "heads")."""
+    return nnx.Linear(
+        d_model,
+        heads * head_dim,
+        use_bias=False,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        kernel_metadata=logical_param("embed", "heads"),
+        rngs=rngs,
+    )
+
+
 def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, param_dtype, rngs):
     """The optional pieces between the projections and the op: (QKVConv or None, QKNorm or None)."""
     check_conv_size("conv_size", conv_size)
