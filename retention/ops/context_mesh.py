@@ -1,5 +1,6 @@
 """The mesh helpers of the context-parallel ops (each sequence's tokens split over the mesh axis "sequence"): the
-axis, its size in the ambient mesh, and resolving (mesh, axis, batch axes) for a call."""
+axis, its size in the ambient mesh, resolving (mesh, axis, batch axes) for a call, and the mesh axis that splits
+the heads inside the ops' shard_map ("tensor": tensor parallelism, whole heads per device)."""
 
 import math
 
@@ -39,3 +40,23 @@ def resolve_sequence_mesh(mesh, axis: str, batch_axes, B: int, T: int):
             f"the batch (q.shape[0]) must be a multiple of the mesh axes {batch_axes} of size {rows}, got B={B}"
         )
     return mesh, n, (batch_axes or None)
+
+
+def heads_axis(mesh, axis: str, rows, heads: dict[str, int]) -> str | None:
+    """The mesh axis that splits the heads dims inside a context-parallel op's shard_map: "tensor" when the mesh has
+    it with more than one device and the tokens' dims do not use it already (as the sequence `axis` or among
+    `resolve_sequence_mesh`'s batch axes `rows`), else None (every device holds all heads). Over "tensor" of size t
+    each device holds a contiguous block of 1/t of every heads dim, so GQA's query head i -> kv-head i // (Hq / H)
+    stays on one device and a flat head-major channel dim (heads * head_dim) splits into whole heads.
+    `heads`: {argument: its size}, e.g. {"q.shape[2] (query heads)": Hq}; ValueError naming the argument when t
+    does not divide it."""
+    if TENSOR_AXIS not in mesh.axis_names or TENSOR_AXIS in (axis, *(rows or ())) or mesh.shape[TENSOR_AXIS] == 1:
+        return None
+    t = mesh.shape[TENSOR_AXIS]
+    for name, count in heads.items():
+        if count % t:
+            raise ValueError(
+                f"{name} must be a multiple of the mesh axis {TENSOR_AXIS!r} of size {t}, which splits whole heads "
+                f"over its devices, got {count}"
+            )
+    return TENSOR_AXIS

@@ -2,17 +2,22 @@
 axis: power retention on its case table (tests/ops/cases.py, packed cases included: documents that start inside
 a device's tokens and exactly at a device boundary) equals the single-device op and the float64 oracles (outputs,
 final state, gradients); softmax attention with gathered K and V on its case table (tests/ops/attention_cases.py)
-equals the float64 dense oracle (outputs, gradients); bad meshes and lengths raise clear errors."""
+equals the float64 dense oracle (outputs, gradients); with a "tensor" axis (data x sequence x tensor) the ops'
+shard_maps split the heads over it (their in_specs say so) and still equal one device and the oracles; bad
+meshes, lengths and heads that the tensor axis does not divide raise clear errors."""
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
-from retention import power_retention
+from retention import RetentionState, power_retention, sympow_dim
 from retention.ops import (
+    causal_conv_context_parallel,
     context_parallel_size,
     power_retention_context_parallel,
     softmax_attention_context_parallel,
@@ -20,7 +25,7 @@ from retention.ops import (
 from retention.parallel import make_mesh
 from tests.helpers import random_qkv, rel_err
 from tests.ops import attention_cases
-from tests.ops.cases import F32_TOL, case_ids, check_path, differentiate, inputs, segment_ids
+from tests.ops.cases import CASES, F32_TOL, case_ids, check_path, differentiate, inputs, segment_ids
 from tests.parallel.common import N_DEVICES, require_devices
 
 require_devices()
@@ -59,8 +64,11 @@ def _supported(case) -> bool:
 def test_power_retention_on_the_case_table(case):
     """The sequence split over `_mesh_shape(case)`: outputs, final state and gradients (q, k, v, log_g, initial
     state) against the single-device op and the float64 oracles. Odd T does not split; the rest runs."""
-    mesh = make_mesh(*_mesh_shape(case))
+    _check_power_retention(case, make_mesh(*_mesh_shape(case)))
 
+
+def _check_power_retention(case, mesh):
+    """The op under `mesh`: outputs, final state and gradients against the single-device op and the oracles."""
     options = dict(deg=case.deg, chunk_size=case.chunk, return_state=True)
 
     def cp(q, k, v, log_g, state0, segment_ids=None):
@@ -101,7 +109,11 @@ def test_softmax_attention_on_the_case_table(case):
     """The sequence split over `_mesh_shape(case)`, K and V gathered: outputs and gradients against the float64
     dense oracle (packed: each document alone; documents start exactly at device boundaries). Odd T does not
     split; the float32 cases that do run."""
-    mesh = make_mesh(*_mesh_shape(case))
+    _check_attention(case, make_mesh(*_mesh_shape(case)))
+
+
+def _check_attention(case, mesh):
+    """The op under `mesh`: outputs and gradients against the float64 dense oracle; K and V gathered."""
     block = {} if case.block is None else dict(block_size=case.block)
 
     def cp(q, k, v, segment_ids):
@@ -112,6 +124,80 @@ def test_softmax_attention_on_the_case_table(case):
     attention_cases.check_attention_path(case, cp)
     hlo = jax.jit(lambda *a: cp(*a, segment_ids(case))).lower(*attention_cases.inputs(case)).compile().as_text()
     assert "all-gather" in hlo
+
+
+TENSOR_MESH = (2, 1, 2, 2)  # (data, fsdp, sequence, tensor): the heads split over tensor inside the ops
+TENSOR_CASE = next(c for c in CASES if c.Hq > c.H and c.gate and c.init and c.docs and c.reset == "segment_ids")
+ATTENTION_TENSOR_CASES = [  # full attention packed with GQA; a window crossing block edges
+    next(c for c in attention_cases.CASES if c.window is None and c.docs and c.Hq > c.H),
+    next(c for c in attention_cases.CASES if c.window and c.window < c.T and c.T % 2 == 0 and c.dtype == "float32"),
+]
+
+
+def test_power_retention_with_heads_over_tensor():
+    """GQA (4 query heads on 2 kv-heads), gated, packed with segment_ids, from an initial state with the final
+    state returned, on data=2 x sequence=2 x tensor=2: as on one device and as the oracles say."""
+    _check_power_retention(TENSOR_CASE, make_mesh(*TENSOR_MESH))
+
+
+@pytest.mark.parametrize("case", ATTENTION_TENSOR_CASES, ids=lambda case: case.id)
+def test_softmax_attention_with_heads_over_tensor(case):
+    """Full (packed, GQA) and windowed attention on data=2 x sequence=2 x tensor=2 against the float64 oracle."""
+    _check_attention(case, make_mesh(*TENSOR_MESH))
+
+
+def _shard_map_inputs(n: int, fn, *args) -> list[tuple]:
+    """(in_spec, local shape) of the last n inputs of the shard_map in fn's program: the op's own (any constants
+    the body closes over come first)."""
+    eqn = next(e for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns if e.primitive.name == "shard_map")
+    specs_shapes = [(spec, var.aval.shape) for spec, var in zip(eqn.params["in_specs"], eqn.params["jaxpr"].invars)]
+    return specs_shapes[-n:]
+
+
+def test_the_tensor_axis_splits_the_heads_inside_the_ops():
+    """With tensor=2 each op's shard_map takes q, k, v (power retention: log_g, the initial state too; the conv:
+    its channels and kernel) split over "tensor" in the heads dim, so every device holds half the heads; with
+    tensor among the batch axes, or no tensor axis, the heads stay whole."""
+    mesh = make_mesh(*TENSOR_MESH)
+    B, T, Hq, H, d = 2, 16, 4, 2, 8
+    q, k, v, log_g = random_qkv(5, B, T, Hq, H, d, gate="mild")
+    D = sympow_dim(d, 2)
+    S0 = RetentionState(jnp.zeros((B, H, D, d), jnp.float32), jnp.zeros((B, H, D), jnp.float32))
+    retention = lambda *a, **kw: power_retention_context_parallel(*a, initial_state=S0, mesh=mesh, **kw)
+    (q_in, q_loc), (k_in, k_loc), (v_in, v_loc), (g_in, g_loc), (S_in, S_loc) = _shard_map_inputs(
+        5, retention, q, k, v, log_g
+    )
+    assert q_in == k_in == v_in == P(("data", "fsdp"), "sequence", "tensor", None)
+    assert g_in == P(("data", "fsdp"), "sequence", "tensor") and S_in == P(("data", "fsdp"), "tensor", None, None)
+    assert q_loc[2] == Hq // 2 and k_loc[2] == v_loc[2] == g_loc[2] == S_loc[1] == H // 2
+    attention = lambda *a: softmax_attention_context_parallel(*a, mesh=mesh)
+    assert [(spec[2], shape[2]) for spec, shape in _shard_map_inputs(3, attention, q, k, v)] == [
+        ("tensor", Hq // 2),
+        ("tensor", H // 2),
+        ("tensor", H // 2),
+    ]
+    x, w = q.reshape(B, T, Hq * d), jnp.ones((3, Hq * d), jnp.float32)
+    conv = lambda x, w: causal_conv_context_parallel(x, w, mesh=mesh)
+    (x_in, x_loc), _, (w_in, w_loc) = _shard_map_inputs(3, conv, x, w)
+    assert (x_in[2], x_loc[2], w_in, w_loc) == ("tensor", Hq * d // 2, P(None, "tensor"), (3, Hq * d // 2))
+    for whole in (dict(mesh=mesh, batch_axes=("tensor",)), dict(mesh=make_mesh(2, 1, 4, 1))):
+        specs = _shard_map_inputs(4, partial(power_retention_context_parallel, **whole), q, k, v, log_g)
+        assert [spec[2] for spec, _ in specs[:3]] == [None] * 3
+
+
+def test_a_tensor_axis_that_does_not_divide_the_heads_is_refused():
+    mesh = make_mesh(1, 1, 2, 4)
+    q, k, v, log_g = random_qkv(0, 2, 16, 4, 2, 8, gate="mild")
+    kv = r"k.shape\[2\] \(kv heads\) must be a multiple of the mesh axis 'tensor' of size 4, .* got 2"
+    with pytest.raises(ValueError, match=kv):
+        power_retention_context_parallel(q, k, v, log_g, mesh=mesh)
+    with pytest.raises(ValueError, match=kv):
+        softmax_attention_context_parallel(q, k, v, mesh=mesh)
+    q6 = jnp.ones((2, 16, 6, 8), jnp.float32)
+    with pytest.raises(ValueError, match=r"q.shape\[2\] \(query heads\) must be a multiple of .* size 4, .* got 6"):
+        softmax_attention_context_parallel(q6, k, v, mesh=mesh)
+    with pytest.raises(ValueError, match=r"x_BTC.shape\[2\] \(channels, heads \* head_dim\) must be .* got 6"):
+        causal_conv_context_parallel(jnp.ones((2, 16, 6)), jnp.ones((3, 6)), mesh=mesh)
 
 
 def test_errors_name_the_argument():

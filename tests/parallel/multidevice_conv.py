@@ -1,7 +1,8 @@
 """The short convolution's context-parallel halo on 8 host devices (run by test_eight_devices.py): with the tokens
-split over the "sequence" axis, the convolution (with and without segment ids, its gradients) and a whole LM with
-`conv_size` 4 (P, A and W layers, the train step's forward) equal one device; the matrix-state mixers (D, G, M)
-under a data and FSDP mesh equal one device; too few tokens per device raise."""
+split over the "sequence" axis, the convolution (with and without segment ids, its gradients; also with its
+channels split over a "tensor" axis) and a whole LM with `conv_size` 4 (P, A and W layers, the train step's
+forward) equal one device; the matrix-state mixers (D, G, M) under a data and FSDP mesh equal one device; too few
+tokens per device raise."""
 
 import jax
 import jax.numpy as jnp
@@ -21,11 +22,13 @@ SEED = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)  # fresh every
 
 
 @pytest.mark.parametrize(
-    "K, shape", [(4, (1, 1, 8)), (3, (2, 1, 4)), pytest.param(1, (1, 1, 8), marks=pytest.mark.slow)]
+    "K, shape",
+    [(4, (1, 1, 8)), (3, (2, 1, 4)), (4, (2, 1, 2, 2)), pytest.param(1, (1, 1, 8), marks=pytest.mark.slow)],
 )
 def test_conv_equals_one_device(K, shape):
     """Outputs and gradients (x, kernel) of the split convolution equal the single-device one; with segment ids
-    whose documents cross device boundaries, the halo's ids keep documents apart."""
+    whose documents cross device boundaries, the halo's ids keep documents apart. (data, fsdp, sequence, tensor) =
+    (2, 1, 2, 2): the channels split over tensor too."""
     rng = np.random.default_rng(SEED + K)
     B, T, C = 2, 40, 6
     x = jnp.asarray(rng.standard_normal((B, T, C)).astype(np.float32))

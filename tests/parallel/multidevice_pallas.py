@@ -3,9 +3,10 @@
 The op with impl="pallas" under (data, fsdp, sequence) = (8,1,1), (1,8,1), (2,2,2) and (1,1,8) equals the
 single-device op: outputs, final state and every gradient (q, k, v, log_g, the initial state). (8,1,1) splits the
 batch over `data`; (1,8,1) cannot split B=2 over 8 devices, so it splits the heads over `fsdp`; (2,2,2) and (1,1,8)
-split the sequence (the context-parallel op, whose shard_map holds the kernels). Placed on the mesh, the kernels'
-program gathers nothing. The decode step and a 2-layer LM train step (model.retention_impl=pallas, (2,2,2)) equal
-their single-device and XLA counterparts.
+split the sequence (the context-parallel op, whose shard_map holds the kernels); (data, fsdp, sequence, tensor) =
+(2,1,2,2) also splits its heads over tensor. Placed on the mesh, the kernels' program gathers nothing. The decode
+step and a 2-layer LM train step (model.retention_impl=pallas, (2,2,2)) equal their single-device and XLA
+counterparts.
 """
 
 from functools import partial
@@ -81,6 +82,7 @@ MESHES = [  # (mesh shape, B, T, Hq, H, the axes the plan splits the batch and t
     pytest.param((1, 8, 1), 2, 40, 8, 8, None, "fsdp", id="(1, 8, 1)", marks=SLOW),
     pytest.param((2, 2, 2), 4, 64, 4, 2, None, None, id="(2, 2, 2)"),
     pytest.param((1, 1, 8), 2, 128, 2, 2, None, None, id="(1, 1, 8)", marks=SLOW),
+    pytest.param((2, 1, 2, 2), 2, 64, 4, 2, None, None, id="(2, 1, 2, 2)", marks=SLOW),  # heads over tensor
 ]
 
 

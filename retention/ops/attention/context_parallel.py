@@ -4,6 +4,9 @@ Each device gathers all K and V over the axis (`all_gather`, (n-1)/n * T * H * d
 it grows with T; with segment_ids, the ids too) and attends its own queries to them with the online softmax over
 key blocks (`scores.online_softmax_update`, as the blockwise kernel). Power retention's counterpart exchanges fixed-size
 states instead (`power_retention/context_parallel.py`); `experiments/comm_volume.py` tabulates both.
+
+A "tensor" axis of size t > 1 in the mesh splits the heads too (`context_mesh.heads_axis`): each device holds a
+contiguous block of Hq/t query heads and their H/t kv-heads, and gathers only those K and V (t must divide H).
 """
 
 import jax
@@ -14,7 +17,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, poison_nonfinite, visible
 from retention.ops.attention.validation import check_window
-from retention.ops.context_mesh import SEQUENCE_AXIS, resolve_sequence_mesh
+from retention.ops.context_mesh import SEQUENCE_AXIS, heads_axis, resolve_sequence_mesh
 from retention.ops.segments import document_index
 from retention.ops.validation import check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_int
@@ -67,8 +70,8 @@ def softmax_attention_context_parallel(
 ) -> Float[Array, "B T Hq d"]:
     """`softmax_attention` (causal, full or sliding window, segment_ids as there) with the sequence split over the
     mesh axis `axis`: K, V and segment ids are all-gathered over it, each device attends its own queries. mesh and
-    batch_axes as in `power_retention_context_parallel`; block_size: keys per online-softmax step; debug_checks
-    as in `softmax_attention`."""
+    batch_axes as in `power_retention_context_parallel` (a "tensor" axis splits the heads); block_size: keys per
+    online-softmax step; debug_checks as in `softmax_attention`."""
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)
@@ -76,6 +79,7 @@ def softmax_attention_context_parallel(
     check_int("block_size", block_size)
     B, T, _, d = q.shape
     mesh, n, rows = resolve_sequence_mesh(mesh, axis, batch_axes, B, T)
+    heads = heads_axis(mesh, axis, rows, {"q.shape[2] (query heads)": q.shape[2], "k.shape[2] (kv heads)": k.shape[2]})
     if debug_checks:
         check_at_runtime(runtime_input_checks({"q": q, "k": k, "v": v}, segment_ids))
     scale = d**-0.5 if scale is None else float(scale)
@@ -89,7 +93,7 @@ def softmax_attention_context_parallel(
         start = jax.lax.axis_index(axis) * q.shape[1]
         return _attend_gathered(q, gather(k), gather(v), seg, seg_all, start, window, scale, block_size)
 
-    seq = P(rows, axis, None, None)
+    seq = P(rows, axis, heads, None)
     in_specs = (seq, seq, seq) + ((P(rows, axis),) if packed else ())
     args = (q, k, v) + ((document_index(segment_ids),) if packed else ())  # a returning id: a new document
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=seq)(*args)

@@ -1,13 +1,15 @@
 """The short convolution under a mesh whose "sequence" axis splits the tokens: each device passes its last K - 1
 inputs (and their segment ids) to the next one with `ppermute` inside `shard_map`, so the result equals one
-device's `causal_conv`."""
+device's `causal_conv`. A "tensor" axis of size t > 1 splits the channels (and the kernel's) into t contiguous
+blocks (`context_mesh.heads_axis`): the mixers' channels are heads * head_dim head-major (q [B, T, Hq * d] is
+reshaped to [B, T, Hq, d]), so each block is whole heads, where the tensor rules put the projections' outputs."""
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from retention.ops.context_mesh import SEQUENCE_AXIS, resolve_sequence_mesh
+from retention.ops.context_mesh import SEQUENCE_AXIS, heads_axis, resolve_sequence_mesh
 from retention.ops.conv.causal import causal_conv
 
 
@@ -21,10 +23,12 @@ def causal_conv_context_parallel(
 ) -> Float[Array, "B T C"]:
     """`causal_conv` with the tokens split over the mesh axis `axis` (mesh None: the ambient one): each device
     receives the previous device's last K - 1 inputs and segment ids by `ppermute` (device 0: zeros). Every
-    device's share of T must hold at least K - 1 tokens."""
+    device's share of T must hold at least K - 1 tokens; a "tensor" axis splits the channels, so its size must
+    divide C."""
     K = kernel_KC.shape[0]
-    B, T, _ = x_BTC.shape
+    B, T, C = x_BTC.shape
     mesh, n, rows = resolve_sequence_mesh(mesh, axis, None, B, T)
+    heads = heads_axis(mesh, axis, rows, {"x_BTC.shape[2] (channels, heads * head_dim)": C})
     if T // n < K - 1:
         raise ValueError(
             f"conv_size={K} needs at least conv_size - 1 = {K - 1} tokens per device on the mesh axis {axis!r} of "
@@ -42,6 +46,6 @@ def causal_conv_context_parallel(
         prefix_seg = to_next(seg[:, seg.shape[1] - (K - 1) :])
         return causal_conv(x, kernel, prefix_BPC=prefix, segment_ids_BT=seg, prefix_segment_ids_BP=prefix_seg)
 
-    seq = P(rows, axis, None)
-    run = jax.shard_map(local, mesh=mesh, in_specs=(seq, P(rows, axis), P()), out_specs=seq)
+    seq = P(rows, axis, heads)
+    run = jax.shard_map(local, mesh=mesh, in_specs=(seq, P(rows, axis), P(None, heads)), out_specs=seq)
     return run(x_BTC, seg, kernel_KC)

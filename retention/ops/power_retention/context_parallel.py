@@ -16,6 +16,11 @@ Device i of n holds tokens [i*T/n, (i+1)*T/n):
 Forward and gradients (JAX differentiates through `shard_map` and `ppermute`) equal the single-device op's to
 rounding. Bytes per device per layer: (1 + ceil(log2 n)) * B*H*D*(d+1)*4, whatever T is.
 
+Under a mesh with a "tensor" axis of size t > 1 (tensor parallelism; `context_mesh.heads_axis`) the shard_map also
+splits the heads over it: each device holds Hq/t query heads, H/t kv-heads (a contiguous block each, so GQA's
+query head i -> kv-head i // (Hq/H) stays on the device), their gates and their slice of the initial and returned
+states, and every step above runs on its own heads only (the states exchanged shrink by t too). t must divide H.
+
 The softmax baseline's counterpart gathers K and V instead (`attention/context_parallel.py`);
 `experiments/comm_volume.py` tabulates both. Inside a model, `context_parallel_size()` reads the ambient mesh
 (`jax.set_mesh`): the mixers switch to these ops when its "sequence" axis has more than one device.
@@ -27,7 +32,7 @@ from einops import rearrange
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from retention.ops.context_mesh import SEQUENCE_AXIS, resolve_sequence_mesh
+from retention.ops.context_mesh import SEQUENCE_AXIS, heads_axis, resolve_sequence_mesh
 from retention.ops.power_retention.chunk_math import decay_state, gate_factors, state_write
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.op import power_retention, run_debug_checks
@@ -102,8 +107,9 @@ def power_retention_context_parallel(
     (y, state) with `return_state`); `impl` is
     the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas"). mesh: a Mesh, or
     None for the ambient one (`jax.set_mesh`); batch_axes: the mesh axes that split the batch (default: every
-    other axis but "tensor"). T must be a multiple of the axis size, B of the batch axes' product. chunk_size None:
-    the local op's default for T / n tokens.
+    other axis but "tensor"). T must be a multiple of the axis size, B of the batch axes' product; a "tensor" axis
+    (not among batch_axes) splits the heads, so its size must divide H and Hq. chunk_size None: the local op's
+    default for T / n tokens.
     """
     check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, T, _, d = q.shape
@@ -111,6 +117,7 @@ def power_retention_context_parallel(
     if initial_state is not None:
         check_state(initial_state, B, H, d, deg, "initial_state")
     mesh, n, rows = resolve_sequence_mesh(mesh, axis, batch_axes, B, T)
+    heads = heads_axis(mesh, axis, rows, {"q.shape[2] (query heads)": q.shape[2], "k.shape[2] (kv heads)": H})
     if debug_checks:
         run_debug_checks(q, k, v, log_g, segment_ids, initial_state, "initial_state")
     c = chunk_size or default_chunk_size(T // n)
@@ -142,10 +149,11 @@ def power_retention_context_parallel(
         last = jax.lax.axis_index(axis) == n - 1  # the last device's final state is the sequence's
         return y, jax.lax.psum(jnp.where(last, augment(state), 0.0), axis)
 
-    seq, rep, tokens = P(rows, axis, None, None), P(rows, None, None, None), P(rows, axis)
+    seq, state_spec, tokens = P(rows, axis, heads, None), P(rows, heads, None, None), P(rows, axis)
     S0 = augment(initial_state) if has_init else jnp.zeros((B, 1, 1, 1), jnp.float32)
-    out_specs = (seq, rep) if return_state else seq
-    in_specs = (seq, seq, seq, P(rows, axis, None), rep) + ((tokens, tokens) if packed else ())
+    S0_spec = state_spec if has_init else P(rows, None, None, None)
+    out_specs = (seq, state_spec) if return_state else seq
+    in_specs = (seq, seq, seq, P(rows, axis, heads), S0_spec) + ((tokens, tokens) if packed else ())
     packing = (segment_ids, document_starts(segment_ids)) if packed else ()  # starts: over the whole sequence
     run = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=not interpreted(impl))
     out = run(q, k, v, log_g, S0, *packing)
