@@ -2,7 +2,8 @@
 #            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, 5 to 8 minutes on
 #            2 idle cores), then its table and the TensorBoard command.
 # make test: the same set-up, then the quick tier of the test suite (every behaviour, its further cases and long
-#            runs marked slow left out; target 15 minutes on 2 cores, not met: 27 min 29 s at 203a433, PERF_LOG).
+#            runs marked slow left out; target 15 minutes on 2 cores, not met: 27 min 29 s idle at 203a433; on a
+#            loaded machine 44 min 20 s at 3add614, 37 min 14 s after the suite's second round; PERF_LOG).
 # make test-all: the whole suite, slow tests included.
 # The set-up installs the project editable with its `train` and `test` extras, at the versions in constraints.txt.
 # make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).

@@ -81,6 +81,6 @@ def test_an_id_that_comes_back_in_a_later_step_starts_a_new_document(kind, cuts)
     window) and the retention state (attention rejoined the earlier run)."""
     q, k, v, g = random_qkv(6, 2, T, 4, 2, 8, gate="mild")
     got = _decoded(kind, q, k, v, g, SEG_RETURNING, cuts)
-    full = FULL_PATHS[{"full": "softmax-xla", "window": "softmax-window", "retention": "retention-xla"}[kind]]
+    full = jax.jit(FULL_PATHS[{"full": "softmax-xla", "window": "softmax-window", "retention": "retention-xla"}[kind]])
     assert rel_err(got, _decoded(kind, q, k, v, g, SEG_NUMBERED, cuts)) < 1e-6
     assert rel_err(got, full(q, k, v, g, SEG_NUMBERED)) < 1e-5

@@ -76,7 +76,9 @@ def test_rules_place_each_parameter_where_they_say():
     assert q.sharding.shard_shape(q.shape) == (16 // 4, 32 // 2)
 
 
-MESHES = [(1, 4, 1, 2), (2, 1, 1, 4), (1, 1, 1, 8), pytest.param((1, 2, 2, 2), marks=pytest.mark.slow)]
+# the quick meshes split tensor with fsdp and with data; tensor alone and tensor x fsdp x sequence are further cases
+SLOW = pytest.mark.slow
+MESHES = [(1, 4, 1, 2), (2, 1, 1, 4), pytest.param((1, 1, 1, 8), marks=SLOW), pytest.param((1, 2, 2, 2), marks=SLOW)]
 
 
 @pytest.mark.parametrize("shape", MESHES)

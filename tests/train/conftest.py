@@ -1,5 +1,6 @@
 """A finished tiny run shared by the tests of one process: 4 steps, a checkpoint after every step (each saved
-asynchronously, then its buffers donated to the next step), every checkpoint's parameters as read back then."""
+asynchronously, then its buffers donated to the next step), every checkpoint's parameters as read back then. The
+tests that use it share one xdist group, so one worker trains it, once."""
 
 import logging
 import shutil
@@ -24,6 +25,13 @@ class FinishedRun:
         """A copy of the run folder at `to` (a test may damage or resume it)."""
         shutil.copytree(self.folder, to)
         return to
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "finished_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("finished_run"))
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,8 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     assert_same_params(saved_state(whole, 60)["params"], saved_state(killed, 60)["params"])
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGUSR2, marks=pytest.mark.slow)])
+@pytest.mark.slow  # further cases: test_run_folder's second-run test stops its first run with SIGTERM, as here
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
 def test_stop_signal_saves_then_exits(tmp_path, signum):
     proc = start_train_py(tmp_path, [*TINY, "trainer.steps=100000", "trainer.ckpt_every=100000"])
     out = Output(proc)

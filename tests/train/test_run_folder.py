@@ -1,7 +1,8 @@
 """A run folder holds one run: resuming it with another model, data, optimizer or seed stops before any work with
 the differing keys named; what only schedules the work may change; trainer.steps below the newest checkpoint is an
-error, not a relabel; a second run in the same folder stops at once naming the other; a rerun of a finished run
-rewrites a valid summary.json with the run's own first loss."""
+error, not a relabel; a second run in the same folder stops at once naming the other, and a refused launch leaves
+the owning run's .hydra/ as it was; a rerun of a finished run rewrites a valid summary.json with the run's own
+first loss."""
 
 import json
 import os
@@ -11,7 +12,7 @@ import pytest
 
 from retention.train import train
 from retention.train.lock import RunFolderBusy, RunLock
-from tests.train.common import TINY, Output, compose_config, saved_steps, start_train_py
+from tests.train.common import TINY, Output, compose_config, fresh_seed, saved_steps, start_train_py
 
 
 def folder_state(run) -> dict:
@@ -22,6 +23,9 @@ def folder_state(run) -> dict:
             stat = os.stat(os.path.join(root, name))
             out[os.path.join(root, name)] = (stat.st_size, stat.st_mtime_ns)
     return out
+
+
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 @pytest.mark.parametrize(
@@ -82,12 +86,17 @@ def test_rerun_of_a_finished_run_writes_a_valid_summary(finished_run, tmp_path):
 
 
 def test_a_second_run_in_the_same_folder_stops_at_once(tmp_path):
-    overrides = [*TINY, "trainer.steps=100000", "trainer.ckpt_every=100000"]
+    """A second launch while the first trains stops at once naming it (the lock), the first trains on; SIGTERM then
+    saves the first's checkpoint and it exits with 128 + 15, without summary.json; a launch with another seed is
+    refused by the record check. Neither refused launch changes the first run's .hydra/ files."""
+    overrides = [*TINY, "trainer.steps=100000", "trainer.ckpt_every=100000", f"seed={fresh_seed()}"]
     first = start_train_py(tmp_path, overrides)
     out_first = Output(first)
     try:
-        assert out_first.wait_for("step 1:", timeout=120), out_first.text()
-        second = start_train_py(tmp_path, overrides)
+        assert out_first.wait_for("step 3:", timeout=120), out_first.text()
+        hydra = {name: (tmp_path / ".hydra" / name).read_bytes() for name in HYDRA_FILES}
+        assert b"trainer.steps=100000" in hydra["overrides.yaml"]
+        second = start_train_py(tmp_path, [*TINY, "trainer.steps=3", "seed=2"])
         out_second = Output(second)
         assert second.wait(timeout=120) != 0, out_second.text()
         text = out_second.text()
@@ -95,8 +104,17 @@ def test_a_second_run_in_the_same_folder_stops_at_once(tmp_path):
         assert first.poll() is None  # the first one trains on
     finally:
         first.send_signal(signal.SIGTERM)
-        first.wait(timeout=60)
-    assert "saved the checkpoint at step" in out_first.text()
+        code = first.wait(timeout=60)
+    assert code == 128 + signal.SIGTERM, out_first.text()
+    steps = saved_steps(tmp_path)
+    assert len(steps) == 1 and steps[0] >= 3, (steps, out_first.text())
+    assert f"saved the checkpoint at step {steps[0]}" in out_first.text()
+    assert not (tmp_path / "summary.json").exists()
+
+    other_seed = start_train_py(tmp_path, [*overrides[:-1], "seed=1"])
+    out = other_seed.communicate(timeout=300)[0]
+    assert other_seed.returncode != 0 and "holds another run than this config" in out, out[-3000:]
+    assert {name: (tmp_path / ".hydra" / name).read_bytes() for name in HYDRA_FILES} == hydra
 
 
 def test_lock_is_released_when_its_holder_ends(tmp_path):

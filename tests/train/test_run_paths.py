@@ -1,7 +1,7 @@
 """What a run writes stays in its folder, and a refused launch changes nothing there: the lock file is never
 followed through a symbolic link, model.name cannot lead out of the outputs or sweep folder, a misspelt key added
 with `+` stops the run, and a launch refused by the lock or the record check leaves the owning run's .hydra/ as
-it was."""
+it was (the quick test of the refusals: test_run_folder.py's second-run test)."""
 
 import os
 import subprocess
@@ -56,6 +56,7 @@ def test_an_unknown_key_is_refused_naming_it():
         build(cfg)
 
 
+@pytest.mark.slow  # a further case: test_run_folder's second-run test checks both refusals leave .hydra/ as it was
 def test_a_refused_launch_leaves_the_runs_hydra_files_unchanged(tmp_path):
     run = tmp_path / "run"
     first = [*TINY, "trainer.steps=2", "trainer.eval_scales=[1]"]

@@ -183,6 +183,10 @@ def test_lm_refuses_other_cache_bits():
         LMConfig(kv_cache_bits=2)
 
 
+_float_step = jax.jit(softmax_attention_step)  # compiled: eagerly each primitive of each step compiles on its own
+_quantized_step = jax.jit(softmax_attention_step_quantized)
+
+
 @pytest.mark.parametrize("bits", [8, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("where", ["k", pytest.param("v", marks=pytest.mark.slow)])
 def test_a_non_finite_key_or_value_poisons_the_rows_as_the_float_cache_does(bits, where):
@@ -197,12 +201,12 @@ def test_a_non_finite_key_or_value_poisons_the_rows_as_the_float_cache_does(bits
         kb, vb = arrays["k"], arrays["v"]
         prompt = lambda x: x[:, :P]
         float_cache = init_kv_cache(2, 2, d, T)
-        _, float_cache = softmax_attention_step(float_cache, prompt(q), prompt(kb), prompt(vb))
+        _, float_cache = _float_step(float_cache, prompt(q), prompt(kb), prompt(vb))
         quantized = fill_quantized_kv_cache(init_quantized_kv_cache(2, 2, d, T, bits), prompt(kb), prompt(vb))
         for t in range(P, T):
             step = lambda x, t=t: x[:, t : t + 1]
-            y_float, float_cache = softmax_attention_step(float_cache, step(q), step(kb), step(vb))
-            y_quant, quantized = softmax_attention_step_quantized(quantized, step(q), step(kb), step(vb))
+            y_float, float_cache = _float_step(float_cache, step(q), step(kb), step(vb))
+            y_quant, quantized = _quantized_step(quantized, step(q), step(kb), step(vb))
             expected_nan = np.zeros(y_float.shape, bool)
             expected_nan[0, :, 2:4] = t >= t_bad  # query heads 2 and 3 read kv-head 1
             np.testing.assert_array_equal(np.isnan(y_float), expected_nan)
