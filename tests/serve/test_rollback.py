@@ -29,9 +29,14 @@ def _config(letter: str, kv_cache_bits) -> LMConfig:
     return LMConfig(pattern=letter, window=3, kv_cache_bits=kv_cache_bits, **options)
 
 
-def _largest_difference(a, b) -> float:
-    diffs = jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32)))), a, b)
-    return max(jax.tree.leaves(diffs))
+def _largest_difference_in_ulps(a, b) -> float:
+    """The largest |a - b| over the leaves, each in float32 ulps (2^-23) of that leaf's largest magnitude in b (at
+    least 1): a verify step's per-token states and the decode steps sum the same terms in other orders, so they
+    agree to a few ulps of the state's scale (this check's states reach about 10, where 2e-6 is under 2 ulps)."""
+    ulp = float(jnp.finfo(jnp.float32).eps)
+    largest = lambda x: float(jnp.max(jnp.abs(x.astype(jnp.float32))))
+    ulps = jax.tree.map(lambda x, y: largest(x - y) / (ulp * max(largest(y), 1.0)), a, b)
+    return max(jax.tree.leaves(ulps))
 
 
 @pytest.mark.parametrize(("letter", "kv_cache_bits"), CASES)
@@ -41,7 +46,7 @@ def test_rolled_back_caches_equal_a_step_of_the_kept_tokens(letter, kv_cache_bit
     _, before = model.prefill(tokens[:, :7], 16, step_tokens=K + 1)  # a window of 3: the ring buffer wraps
     fed = tokens[:, 7:]
     logits, trails = model.verify_step(fed, before)
-    assert _largest_difference(model.rollback(before, trails, 0), before) == 0.0
+    assert _largest_difference_in_ulps(model.rollback(before, trails, 0), before) == 0.0
     caches = before
     for kept in range(1, K + 2):  # the oracle: the kept tokens run one decode step each
         step_logits, caches = model.decode_step(fed[:, kept - 1 : kept], caches)
@@ -49,7 +54,7 @@ def test_rolled_back_caches_equal_a_step_of_the_kept_tokens(letter, kv_cache_bit
         if kept in (1, 2, K + 1):  # j = 0, 1, K drafts accepted
             got = model.rollback(before, trails, kept)
             assert jax.tree.structure(got) == jax.tree.structure(caches)
-            assert _largest_difference(got, caches) < 2e-6, (letter, kept)
+            assert _largest_difference_in_ulps(got, caches) <= 4, (letter, kept)
             assert int(got.length) == 7 + kept and got.position.tolist() == [7 + kept] * 2
 
 
