@@ -17,7 +17,13 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn.mamba2 import init_decay
-from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, matrix_cache_bytes, run_mixing
+from retention.nn.matrix_state import (
+    MatrixStateCache,
+    MatrixStateMixer,
+    matrix_cache_bytes,
+    refuse_context_parallel,
+    run_mixing,
+)
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, head_gate_proj, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
@@ -81,6 +87,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
         begin from an empty state). Returns (y [B, T, D], the new cache or None; with `trail`, a verify step, the
         caches after each token stacked [T, ...]: `matrix_state.run_mixing`)."""
+        refuse_context_parallel("GatedDeltaNet", cache)
         B, T, _ = x_BTD.shape
         decode = cache is not None
         conv = cache.conv if decode else None
@@ -90,7 +97,6 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         beta = jax.nn.sigmoid(self.beta_proj(x32))
         log_g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.a_proj(x32) + self.dt_bias[...])
         o, cache = run_mixing(
-            "GatedDeltaNet",
             gated_delta_rule,
             gated_delta_rule_step,
             (q, k, v, beta, log_g),

@@ -14,7 +14,13 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, matrix_cache_bytes, run_mixing
+from retention.nn.matrix_state import (
+    MatrixStateCache,
+    MatrixStateMixer,
+    matrix_cache_bytes,
+    refuse_context_parallel,
+    run_mixing,
+)
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, head_gate_proj, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
@@ -76,6 +82,7 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
         begin from an empty state). Returns (y [B, T, D], the new cache or None; with `trail`, a verify step, the
         caches after each token stacked [T, ...]: `matrix_state.run_mixing`)."""
+        refuse_context_parallel("GatedLinearAttention", cache)
         B, T, _ = x_BTD.shape
         decode = cache is not None
         conv = cache.conv if decode else None
@@ -83,7 +90,6 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         gate_logits = self.decay_up(self.decay_down(x_BTD.astype(jnp.float32)))
         log_g = jax.nn.log_sigmoid(gate_logits).reshape(B, T, self.kv_heads, self.head_dim) / GATE_NORMALISER
         o, cache = run_mixing(
-            "GatedLinearAttention",
             gated_linear_attention,
             gated_linear_attention_step,
             (q, k, v, log_g),

@@ -24,7 +24,13 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConv, check_conv_size
-from retention.nn.matrix_state import MatrixStateCache, MatrixStateMixer, run_mixing, state_bytes
+from retention.nn.matrix_state import (
+    MatrixStateCache,
+    MatrixStateMixer,
+    refuse_context_parallel,
+    run_mixing,
+    state_bytes,
+)
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import conv_cache_bytes
 from retention.ops import check_chunk_size, linear_attention, linear_attention_step
@@ -124,6 +130,7 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         begin from an empty state). positions are unused (the recurrence orders the tokens). Returns (y [B, T, D],
         the new cache or None; with `trail`, a verify step, the caches after each token stacked [T, ...]:
         `matrix_state.run_mixing`)."""
+        refuse_context_parallel("Mamba2", cache)
         B, T, _ = x_BTD.shape
         H, P, G, N = self.heads, self.head_dim, self.n_groups, self.state_size
         decode = cache is not None
@@ -143,7 +150,6 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         dt_BTH = jax.nn.softplus(dt.astype(jnp.float32) + self.dt_bias[...])
         log_g = dt_BTH * -jnp.exp(self.A_log[...].astype(jnp.float32))
         y, cache = run_mixing(
-            "Mamba2",
             partial(linear_attention, scale=1.0),
             partial(linear_attention_step, scale=1.0),
             (per_head(Cs), per_head(Bs), x_BTHP * dt_BTH[..., None], log_g),

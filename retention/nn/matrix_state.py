@@ -46,14 +46,19 @@ def step_states(step_op, state, args: tuple, segment_ids) -> Float[Array, "T B H
     return jax.lax.scan(one, state, jnp.arange(T))[1]
 
 
-def run_mixing(mixer_name: str, full_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, trail):
+def refuse_context_parallel(mixer_name: str, cache) -> None:
+    """NotImplementedError for a full forward (cache None) under a mesh that splits the sequence: the matrix-state
+    mixers have no context-parallel form. Called first, before the projections and the short convolution."""
+    if cache is None and context_parallel_size() > 1:
+        raise NotImplementedError(f"{mixer_name} has no context-parallel form: run it without a 'sequence' axis")
+
+
+def run_mixing(full_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, trail):
     """o of full_op(*args) (cache None) or of step_op(state, *args) continuing the cache: (o, the new cache), or
     with `trail` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
     `step_states`, conv_cache already the conv caches per token)."""
     options = dict(segment_ids=segment_ids, chunk_size=chunk_size)
     if cache is None:
-        if context_parallel_size() > 1:
-            raise NotImplementedError(f"{mixer_name} has no context-parallel form: run it without a 'sequence' axis")
         return full_op(*args, **options), None
     state, last_id = cache.state, cache.segment_id
     if segment_ids is not None:

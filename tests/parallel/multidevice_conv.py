@@ -106,6 +106,22 @@ def test_matrix_state_mixers_on_a_data_and_fsdp_mesh_equal_one_device():
     assert rel_err(logits, one) < 1e-5
 
 
+@pytest.mark.parametrize("letter", ["D", "G", "M"])
+def test_matrix_state_mixers_under_a_sequence_mesh_say_they_have_no_context_parallel_form(letter):
+    """Under (sequence, tensor) = (2, 2), each matrix-state mixer refuses the full forward by name before its short
+    convolution runs (Mamba2's B and C channels, 3 each, do not divide the tensor axis: the convolution's own error
+    would otherwise come first)."""
+    config = LMConfig(
+        vocab_size=37, d_model=16, n_layers=1, pattern=letter, n_heads=2, n_kv_heads=2, head_dim=8, conv_size=4,
+        ssm_state_size=3,
+    )  # fmt: skip
+    model = LM(config, rngs=nnx.Rngs(SEED))
+    tokens = jax.random.randint(jax.random.key(SEED), (2, 16), 0, config.vocab_size, dtype=jnp.int32)
+    name = {"D": "GatedDeltaNet", "G": "GatedLinearAttention", "M": "Mamba2"}[letter]
+    with jax.set_mesh(make_mesh(2, 1, 2, tensor=2)), pytest.raises(NotImplementedError, match=f"{name} has no context"):
+        model(tokens)
+
+
 def test_too_few_tokens_per_device():
     x = jnp.ones((1, 16, 3))
     with pytest.raises(ValueError, match=r"conv_size=4 needs at least conv_size - 1 = 3 tokens per device .* got T=16"):
