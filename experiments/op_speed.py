@@ -25,10 +25,13 @@ from experiments.formatting import human_bytes
 from experiments.timing import matmul_gflops, median_seconds
 from retention import (
     gated_delta_rule,
+    gated_delta_rule_step,
     gated_linear_attention,
+    gated_linear_attention_step,
     init_kv_cache,
     init_state,
     linear_attention,
+    linear_attention_step,
     power_retention,
     power_retention_step,
     softmax_attention,
@@ -129,20 +132,6 @@ def time_decode(args, context, rows):
     B, H, d, n = args.batch, args.heads, args.head_dim, args.decode_tokens
     q, k, v = jax.random.normal(jax.random.key(context), (3, n, B, 1, H, d), jnp.float32)
 
-    def power_loop(state, q, k, v):
-        def body(state, x):
-            y, state = power_retention_step(state, *x)
-            return state, y
-
-        return jax.lax.scan(body, state, (q, k, v))
-
-    def kv_loop(cache, q, k, v):
-        def body(cache, x):
-            y, cache = softmax_attention_step(cache, *x)
-            return cache, y
-
-        return jax.lax.scan(body, cache, (q, k, v))
-
     state = init_state(B, H, d, 2)
     state = state._replace(S=jax.random.normal(jax.random.key(1), state.S.shape), z=jnp.abs(state.z) + 1.0)
     cache = init_kv_cache(B, H, d, context + n)
@@ -150,8 +139,8 @@ def time_decode(args, context, rows):
     slots = jnp.arange(context + n, dtype=jnp.int32)
     pos = jnp.where(slots < context, slots, -1)  # filled to `context`
     cache = cache._replace(k=kc, v=vc, pos=pos, length=jnp.asarray(context, jnp.int32))
-    t_power = median_seconds(jax.jit(power_loop), state, q, k, v, repeats=args.repeats) / n
-    t_kv = median_seconds(jax.jit(kv_loop), cache, q, k, v, repeats=args.repeats) / n
+    t_power = median_seconds(scan_steps(power_retention_step), state, q, k, v, repeats=args.repeats) / n
+    t_kv = median_seconds(scan_steps(softmax_attention_step), cache, q, k, v, repeats=args.repeats) / n
     state_bytes = sum(x.nbytes for x in state)
     kv_bytes = 2 * B * context * H * d * 4
     rows.append(
@@ -168,13 +157,52 @@ def time_decode(args, context, rows):
     )
 
 
+def matrix_state_step_fns():
+    """(name, step(state, q, k, v) -> (y, state)) of each matrix-state op's decode step, gates and beta made from
+    the inputs as in `matrix_state_variants`."""
+    log_g = lambda v: jax.nn.log_sigmoid(4.0 + v)
+    unit = lambda k: k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    return {
+        "linear_attention": lambda s, q, k, v: linear_attention_step(s, q, k, v, log_g(v)[..., 0]),
+        "gla": lambda s, q, k, v: gated_linear_attention_step(s, q, k, v, log_g(v)),
+        "gated_delta_rule": lambda s, q, k, v: gated_delta_rule_step(
+            s, q, unit(k), v, jax.nn.sigmoid(k[..., 0]), log_g(v)[..., 0]
+        ),
+    }
+
+
+def scan_steps(step):
+    """A compiled loop of n decode steps: (carry, q, k, v [n, B, 1, H, d]) -> (carry, y [n, B, 1, H, d])."""
+
+    def loop(carry, q, k, v):
+        def body(carry, x):
+            y, carry = step(carry, *x)
+            return carry, y
+
+        return jax.lax.scan(body, carry, (q, k, v))
+
+    return jax.jit(loop)
+
+
+def time_matrix_state_decode(args, rows):
+    """Seconds per token of each matrix-state op's decode step in a compiled loop (its state does not depend on
+    the context, so one row per op) and its state bytes."""
+    B, H, d, n = args.batch, args.heads, args.head_dim, args.decode_tokens
+    q, k, v = jax.random.normal(jax.random.key(3), (3, n, B, 1, H, d), jnp.float32)
+    state = jax.random.normal(jax.random.key(4), (B, H, d, d), jnp.float32)
+    for name, step in matrix_state_step_fns().items():
+        if name in args.matrix_state_ops:
+            t = median_seconds(scan_steps(step), state, q, k, v, repeats=args.repeats) / n
+            rows.append(dict(kind="decode_op", name=name, ms_per_token=t * 1e3, state_bytes=state.nbytes))
+
+
 def print_tables(rows, peak):
     print(f"\nmatmul rate (4096^3, float32): {peak:.0f} GFLOP/s")
-    print(f"\n{'variant':<18}{'T':>7}{'fwd s':>9}{'GF/s':>7}{'%peak':>7}{'fwd+bwd s':>11}{'GF/s':>7}{'%peak':>7}")
+    print(f"\n{'variant':<24}{'T':>7}{'fwd s':>9}{'GF/s':>7}{'%peak':>7}{'fwd+bwd s':>11}{'GF/s':>7}{'%peak':>7}")
     for r in (r for r in rows if r["kind"] == "train"):
         fwd = f"{r['fwd_s']:>9.3f}{r['gflops_fwd']:>7.0f}{100 * r['gflops_fwd'] / peak:>7.0f}"
         fwd_bwd = f"{r['fwd_bwd_s']:>11.3f}{r['gflops_fwd_bwd']:>7.0f}{100 * r['gflops_fwd_bwd'] / peak:>7.0f}"
-        print(f"{r['name']:<18}{r['T']:>7}{fwd}{fwd_bwd}")
+        print(f"{r['name']:<24}{r['T']:>7}{fwd}{fwd_bwd}")
     print(f"\n{'T':>7}{'best power fwd+bwd s':>22}{'softmax fwd+bwd s':>19}{'speed-up':>10}")
     for T in sorted({r["T"] for r in rows if r["kind"] == "train"}):
         at_T = [r for r in rows if r["kind"] == "train" and r["T"] == T]
@@ -194,6 +222,11 @@ def print_tables(rows, peak):
         times = f"{r['power_ms_per_token']:>14.3f}{r['kv_ms_per_token']:>11.3f}{r['speedup']:>10.1f}"
         sizes = f"{human_bytes(r['state_bytes']):>10}{human_bytes(r['kv_bytes']):>12}{r['byte_ratio']:>9.1f}"
         print(f"{r['T']:>8}{times}{sizes}")
+    ops = [r for r in rows if r["kind"] == "decode_op"]
+    if ops:
+        print(f"\n{'matrix-state decode':<22}{'ms/tok':>9}{'state':>10}  (any context)")
+        for r in ops:
+            print(f"{r['name']:<22}{r['ms_per_token']:>9.3f}{human_bytes(r['state_bytes']):>10}")
 
 
 def main(argv=None):
@@ -224,6 +257,8 @@ def main(argv=None):
         time_training(args, T, rows)
     for context in [] if args.skip_decode else tqdm(contexts, desc="decode contexts"):
         time_decode(args, context, rows)
+    if not args.skip_decode:
+        time_matrix_state_decode(args, rows)
     print_tables(rows, peak)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     machine = dict(
@@ -233,7 +268,7 @@ def main(argv=None):
     if args.merge and os.path.exists(args.out):
         with open(args.out) as f:
             result = json.load(f)
-        key = lambda r: (r["kind"], r.get("name"), r["T"])
+        key = lambda r: (r["kind"], r.get("name"), r.get("T"))
         known = {key(r) for r in result["rows"]}
         added = [r for r in rows if key(r) not in known]
         result["rows"] += added
