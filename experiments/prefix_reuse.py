@@ -36,8 +36,9 @@ KINDS = {
 }
 
 
-def measure(model: LM, prefix_len: int, requests: int, suffix_len: int, new: int) -> dict:
-    """Seconds to first token and in all, per request, recomputing the prefix or continuing a snapshot of it."""
+def measure(model: LM, prefix_len: int, requests: int, suffix_len: int, new: int, repeats: int = 3) -> dict:
+    """Seconds to first token and in all, per request, recomputing the prefix or continuing a snapshot of it
+    (medians of `repeats` timed runs after a compiling one)."""
     key = jax.random.key(prefix_len)
     prefix = jax.random.randint(key, (1, prefix_len), 0, BASE.vocab_size, dtype=jnp.int32)
     suffixes = jax.random.randint(jax.random.fold_in(key, 1), (requests, 1, suffix_len), 0, BASE.vocab_size)
@@ -49,19 +50,20 @@ def measure(model: LM, prefix_len: int, requests: int, suffix_len: int, new: int
         generate(model, s, n, temperature=0.0, start=snapshot).tokens.block_until_ready() for s in suffixes
     ]
     prefill_s = median_seconds(
-        lambda: prefill(model, prefix, max_len=prefix_len + suffix_len + new).logits.block_until_ready()
+        lambda: prefill(model, prefix, max_len=prefix_len + suffix_len + new).logits.block_until_ready(),
+        repeats=repeats,
     )
     return {
         "prefix_len": prefix_len,
         "bytes_per_cached_prefix": snapshot_bytes(snapshot),
         "recompute": {
-            "ttft_s": median_seconds(recompute, 1) / requests,
-            "total_s": median_seconds(recompute, new) / requests,
+            "ttft_s": median_seconds(recompute, 1, repeats=repeats) / requests,
+            "total_s": median_seconds(recompute, new, repeats=repeats) / requests,
         },
         "snapshot": {
             "prefill_once_s": prefill_s,
-            "ttft_s": median_seconds(from_snapshot, 1) / requests,
-            "total_s": median_seconds(from_snapshot, new) / requests,
+            "ttft_s": median_seconds(from_snapshot, 1, repeats=repeats) / requests,
+            "total_s": median_seconds(from_snapshot, new, repeats=repeats) / requests,
         },
     }
 
@@ -91,6 +93,7 @@ def main(argv=None):
     parser.add_argument("--requests", type=int, default=4, help="requests sharing the prefix")
     parser.add_argument("--suffix", type=int, default=32, help="tokens each request adds (the issue's: 128)")
     parser.add_argument("--new", type=int, default=8, help="tokens each request generates (the issue's: 32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per median, after a compiling one")
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="models to measure")
     parser.add_argument(
         "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
@@ -101,7 +104,7 @@ def main(argv=None):
     for kind in args.kinds:
         fields = KINDS[kind]
         model = LM(dataclasses.replace(BASE, **fields), rngs=nnx.Rngs(0))
-        results[kind] = [measure(model, n, args.requests, args.suffix, args.new) for n in args.lengths]
+        results[kind] = [measure(model, n, args.requests, args.suffix, args.new, args.repeats) for n in args.lengths]
         for row in results[kind]:
             print(kind, json.dumps(row))
     out = Path(args.out)
@@ -111,7 +114,9 @@ def main(argv=None):
         "cpus": os.cpu_count(),
         "note": args.note,
     }
-    setup = {"config": dataclasses.asdict(BASE), "requests": args.requests, "suffix": args.suffix, "new": args.new}
+    setup = dict(
+        config=dataclasses.asdict(BASE), requests=args.requests, suffix=args.suffix, new=args.new, repeats=args.repeats
+    )
     out.write_text(json.dumps({"machine": machine, "setup": setup, "results": results}, indent=1) + "\n")
     plot(results, out.with_suffix(".png"))
 
