@@ -74,17 +74,24 @@ def speed_section(speed: dict, figdir: Path, rel: str) -> list[str]:
     return out
 
 
+MATRIX_STATE_NAMES = {"linear_attention": "linear attn.", "gla": "GLA", "gated_delta_rule": "gated delta rule"}
+
+
 def op_section(op: dict) -> list[str]:
-    """The op-level table of experiments/op_speed.py (forward+backward, power c=128 against softmax)."""
+    """The op-level tables of experiments/op_speed.py: forward+backward of power (c=128), softmax and the
+    matrix-state ops (chunk 64) where measured, and decode per token against the KV cache."""
     train = {(r["name"], r["T"]): r for r in op["rows"] if r["kind"] == "train"}
     lengths = sorted({T for _, T in train})
+    matrix = [m for m in MATRIX_STATE_NAMES if any(name == f"{m} c=64" for name, _ in train)]
     cfg, rate = op["config"], op["matmul_gflops"]
+    seconds = lambda r: f"{r['fwd_bwd_s']:.3g} s" if r else "-"
     rows = []
     for T in lengths:
         p, s = train.get(("power c=128", T)), train.get(("softmax blockwise", T))
         if p and s:
             speedup, share = times(s["fwd_bwd_s"] / p["fwd_bwd_s"]), f"{100 * p['gflops_fwd_bwd'] / rate:.0f}%"
-            rows.append([tokens(T), f"{p['fwd_bwd_s']:.3g} s", f"{s['fwd_bwd_s']:.3g} s", speedup, share])
+            others = [seconds(train.get((f"{m} c=64", T))) for m in matrix]
+            rows.append([tokens(T), seconds(p), seconds(s), *others, speedup, share])
     decode = [
         [
             tokens(r["T"]),
@@ -96,16 +103,25 @@ def op_section(op: dict) -> list[str]:
         for r in op["rows"]
         if r["kind"] == "decode"
     ]
-    return [
+    decode_ops = [
+        f"{MATRIX_STATE_NAMES[r['name']]} {r['ms_per_token']:.3g} ms ({r['state_bytes'] / 2**10:.0f} KiB)"
+        for r in op["rows"]
+        if r["kind"] == "decode_op"
+    ]
+    header = ["T", "power c=128", "softmax", *(f"{MATRIX_STATE_NAMES[m]} c=64" for m in matrix)]
+    out = [
         "## The op alone (experiments/op_speed.py)",
         "",
         f"One layer's mixer, B={cfg['batch']}, H={cfg['heads']}, d={cfg['head_dim']}, float32, forward+backward; "
         f"matmul rate {rate:.0f} GFLOP/s on {op['machine']['backend']} ({op['machine'].get('cpus', '?')} cores).",
         "",
-        md_table(["T", "power c=128", "softmax", "speed-up", "power % of matmul rate"], rows),
+        md_table([*header, "softmax / power", "power % of matmul rate"], rows),
         "",
         "Decode per token against a KV cache of the context (state read and write vs cache read):",
         "",
         md_table(["context", "power", "KV cache", "speed-up", "KV bytes / state bytes"], decode),
         "",
     ]
+    if decode_ops:
+        out += [f"The matrix-state ops' decode step at any context: {'; '.join(decode_ops)}.", ""]
+    return out

@@ -246,3 +246,30 @@ def test_a_tie_with_the_4bit_cache_is_not_a_win(tmp_path):
     verdicts = fixed_state_verdicts(Results(quality), "mqar", [64, 1024])
     power = "- power (PP), 5 KiB at every length: beats it at no length; ties at 1k; more bytes than the cache at 64"
     assert power in verdicts
+
+
+def test_op_section_puts_the_matrix_state_ops_beside_power_and_softmax():
+    """experiments/op_speed.py's rows (made up): one column per matrix-state op measured, '-' at a length it was not
+    run, softmax / power from the same row, and the ops' decode steps in words."""
+    from experiments.compare.report_speed import op_section
+
+    train = lambda name, T, s: dict(kind="train", name=name, T=T, fwd_bwd_s=s, gflops_fwd_bwd=10.0)
+    op = dict(
+        config=dict(batch=1, heads=8, head_dim=64),
+        matmul_gflops=100.0,
+        machine=dict(backend="cpu", cpus=2),
+        rows=[
+            train("power c=128", 1024, 0.2),
+            train("softmax blockwise", 1024, 0.1),
+            train("gla c=64", 1024, 0.3),
+            train("power c=128", 65536, 15.0),
+            train("softmax blockwise", 65536, 90.0),
+            dict(kind="decode", T=65536, power_ms_per_token=0.3, kv_ms_per_token=27.0, speedup=90.0, byte_ratio=62.0),
+            dict(kind="decode_op", name="gla", ms_per_token=0.05, state_bytes=131072),
+        ],
+    )
+    text = "\n".join(op_section(op))
+    assert "| T | power c=128 | softmax | GLA c=64 | softmax / power | power % of matmul rate |" in text
+    assert "| 1k | 0.2 s | 0.1 s | 0.3 s | 0.5x | 10% |" in text
+    assert "| 64k | 15 s | 90 s | - | 6x | 10% |" in text
+    assert "GLA 0.05 ms (128 KiB)" in text
