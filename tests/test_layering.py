@@ -147,6 +147,20 @@ def test_a_missing_trainer_library_names_the_train_extra():
     assert name == "optax" and "'optax'" in message and "pip install 'retention-jax[train]'" in message, out.stdout
 
 
+def test_a_missing_lm_eval_names_the_eval_extra():
+    code = (
+        "import sys\n"
+        "sys.modules['lm_eval'] = None\n"
+        "try:\n"
+        "    import retention.eval.lm_eval_adapter\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e.name, '|', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    name, message = out.stdout.strip().split(" | ")
+    assert name == "lm_eval" and "pip install 'retention-jax[eval]'" in message, out.stdout
+
+
 def test_the_face_names_load_on_first_use():
     import retention
 

@@ -33,10 +33,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from lm_eval import utils
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
 from tqdm import tqdm
+
+try:
+    import lm_eval.models  # noqa: F401  lm-eval's own models first: get_model adds them only to an empty registry
+    from lm_eval import utils
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ModuleNotFoundError as missing:  # lm-eval comes with the `eval` extra: name it
+    raise ModuleNotFoundError(
+        f"retention.eval needs {missing.name!r} (lm-eval): pip install 'retention-jax[eval]'", name=missing.name
+    ) from missing
 
 from retention.data.tokenizer import ByteTokenizer, HFTokenizer
 from retention.generation import generate
@@ -221,8 +228,8 @@ class RetentionLM(TemplateLM):
         """(the stop strings, max_gen_toks) of a request's gen_kwargs; greedy only (do_sample false, temperature
         0), ValueError naming any other key."""
         options = dict(gen_kwargs)
-        until = options.pop("until", [])
-        until = [until] if isinstance(until, str) else until
+        until = options.pop("until", None)
+        until = [] if until is None else [until] if isinstance(until, str) else until
         if not isinstance(until, list | tuple) or not all(isinstance(s, str) for s in until):
             raise ValueError(f"gen_kwargs until must be a string or a list of strings, got {until!r}")
         max_gen = options.pop("max_gen_toks", self.max_gen_toks)

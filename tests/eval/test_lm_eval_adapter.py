@@ -118,7 +118,8 @@ def test_generate_until_is_greedy_and_stops_at_the_stop_string(adapter, oracle, 
         stop = text[len(text) // 2] if i % 2 == 0 and text else "\x00never"
         expected.append(text[: text.index(stop)] if stop in text else text)
         full.append(text)
-        args.append((context, {"until": [stop, ""] if i % 2 == 0 else stop, "max_gen_toks": 10}))
+        until = [stop, ""] if i % 2 == 0 else None if i == 1 else stop  # a list, a string or none
+        args.append((context, {"until": until, "max_gen_toks": 10}))
     got = adapter.generate_until(requests("generate_until", args))
     assert got == expected, SEED
     assert any(len(e) < len(f) for e, f in zip(expected, full)), SEED  # a stop string cut a text short

@@ -115,6 +115,7 @@ def test_model_args_from_the_command_line(run_folder):
     assert isinstance(lm, RetentionLM) and calls == [(str(folder), 7)]
     assert isinstance(lm.tokenizer, ByteTokenizer) and lm.max_length == MAX_LENGTH and lm.batch_size == 3
     assert lm.max_gen_toks == MAX_LENGTH // 2
+    assert get_model("dummy").__name__ == "DummyLM"  # lm-eval's own models stay known beside it
     with pytest.raises(ValueError, match=r"unknown \['pretrained'\]"):
         get_model("retention").create_from_arg_string(f"pretrained={folder}")
 
