@@ -258,8 +258,7 @@ class RetentionLM(TemplateLM):
         batches = [group[s : s + B] for group in groups.values() for s in range(0, len(group), B)]
         out = [None] * len(jobs)
         for chunk in tqdm(batches, desc="generate_until batches", disable=disable_tqdm):
-            out_chunk = self._generate(chunk, jobs)
-            for i, text in zip(chunk, out_chunk):
+            for i, text in zip(chunk, self._generate(chunk, jobs)):
                 out[i] = text
         for req, text in zip(requests, out):
             self.cache_hook.add_partial("generate_until", req.args, text)
@@ -270,7 +269,7 @@ class RetentionLM(TemplateLM):
         max_gen = jobs[chunk[0]][2]
         T0 = bucket(max(len(jobs[i][0]) for i in chunk), self.max_length)
         prompt = np.zeros((self.batch_size, T0), np.int32)
-        lengths = np.ones(self.batch_size, np.int32)
+        lengths = np.zeros(self.batch_size, np.int32)
         for r, i in enumerate(chunk + [chunk[0]] * (self.batch_size - len(chunk))):  # empty rows: the first again,
             ids = jobs[i][0]  # so they stop with it
             prompt[r, T0 - len(ids) :], lengths[r] = ids, len(ids)
