@@ -1,8 +1,9 @@
 """The house's import rules, read from the source: every import runs downhill (validation <- ops, parallel, data <-
-nn <- train <- the face: load, export, generation, serve), the Pallas kernels import nothing of `retention` and are
-reached only through the power-retention op's pallas.py, experiments/ runs downhill too (its helpers <- the
-benchmarks <- compare/ <- the scripts built on the comparison), `import retention.ops` loads neither the
-trainer's libraries nor Flax, and a missing trainer library names the `train` extra."""
+nn <- train <- the face: load, export, generation, serve <- eval, the lm-eval adapter), the Pallas kernels import
+nothing of `retention` and are reached only through the power-retention op's pallas.py, experiments/ runs downhill
+too (its helpers <- the benchmarks <- compare/ <- the scripts built on the comparison), `import retention.ops` loads
+neither the trainer's libraries nor Flax, `import retention` neither lm-eval nor torch, and a missing trainer
+library names the `train` extra."""
 
 import ast
 import pathlib
@@ -21,6 +22,7 @@ LAYERS = {
     "retention.export": 4,
     "retention.generation": 4,
     "retention.serve": 4,
+    "retention.eval": 5,
 }
 KERNELS_IMPORTER = "retention/ops/power_retention/pallas.py"
 
@@ -118,6 +120,16 @@ def test_the_ops_load_without_the_trainer_or_flax():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_retention_loads_without_lm_eval_or_torch():
+    """lm-eval comes with retention.eval.lm_eval_adapter alone, not with the package or retention.eval."""
+    code = (
+        "import sys, retention, retention.eval\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'lm_eval', 'torch'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
 def test_a_missing_trainer_library_names_the_train_extra():
     """Without a library of the `train` extra (optax, hidden from the import system), the ops still import and
     `import retention.train` fails naming the missing module and the extra that installs it."""
@@ -133,6 +145,20 @@ def test_a_missing_trainer_library_names_the_train_extra():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     name, message = out.stdout.strip().split(" | ")
     assert name == "optax" and "'optax'" in message and "pip install 'retention-jax[train]'" in message, out.stdout
+
+
+def test_a_missing_lm_eval_names_the_eval_extra():
+    code = (
+        "import sys\n"
+        "sys.modules['lm_eval'] = None\n"
+        "try:\n"
+        "    import retention.eval.lm_eval_adapter\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print(e.name, '|', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    name, message = out.stdout.strip().split(" | ")
+    assert name.split(".")[0] == "lm_eval" and "pip install 'retention-jax[eval]'" in message, out.stdout
 
 
 def test_the_face_names_load_on_first_use():
