@@ -189,7 +189,9 @@ def _from_checkpoints(run_dir: str, step: int | None, mesh: Mesh | None) -> Load
     try:
         steps = ckpt.steps()
         if not steps:
-            raise FileNotFoundError(f"no checkpoint in {ckpt.directory} (and no {EXPORT_CONFIG} in {run_dir})")
+            raise FileNotFoundError(
+                f"no checkpoint in {ckpt.directory} (and no export: no {EXPORT_RECORD} in {run_dir})"
+            )
         if step is not None and step not in steps:
             raise ValueError(f"step must be None or one of the checkpoints {steps} in {ckpt.directory}, got {step}")
         for s in [step] if step is not None else reversed(steps):
