@@ -40,6 +40,7 @@ _HOMES = {
     "retention.generation": ("generate",),
     "retention.serve.snapshot": ("Snapshot", "fork", "load_snapshot", "prefill", "save_snapshot", "snapshot_bytes"),
     "retention.load": ("load_run",),
+    "retention.hf": ("load_hf",),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_HOME_OF)

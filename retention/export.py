@@ -1,13 +1,20 @@
-"""Export a run's trained parameters: `python -m retention.export RUN_DIR OUT [--step N]` writes OUT/model.safetensors
-(one tensor per parameter, named by its key path) and OUT/config.json (the run's record: config, LMConfig,
+"""Export a run whole: `python -m retention.export RUN_DIR OUT [--step N]` writes OUT/model.safetensors, an HF-style
+OUT/config.json (architecture, every size of the built model, the layer pattern, the mixer settings), the run's
+OUT/tokenizer.json when it has one, and beside them OUT/run_record.json (the run's record: config, LMConfig,
 parameter shapes; and the step). `retention.load_run(OUT)` reads it back, checked (retention/load.py).
 
+A model whose layers are all A (Llama; Qwen2 with q/k/v biases; Qwen3 with QK-norm) or all W (Mistral) with no
+short convolution is written in the Llama layout, which `transformers.AutoModelForCausalLM.from_pretrained(OUT)`
+runs with no custom code; any other in the retention layout (architecture RetentionLM, one tensor per parameter
+named by its key path), which only load_run reads (retention/hf/config_out.py).
+
 Integrity, as a checkpoint has it: the weights file's metadata holds the step, the record's sha256 and a checksum
-pair per tensor (retention/train/checksum.py); config.json holds the record, its sha256 and the step, so a
-config.json of another run, a tensor with a flipped bit or either file cut short is refused on load. The folder
-is written aside (a new folder beside OUT) and renamed into place: a reader finds the old export, the new one or
-none, never a mix of two. OUT may not be a run folder (the run's checkpoints stay what load_run reads there), a
-symbolic link, or a folder holding other files; nothing in it is followed or written through.
+pair per tensor (retention/train/checksum.py); run_record.json holds the record, its sha256 and the step, and
+config.json the sha256 and step too, so a config.json or record of another run, a tensor with a flipped bit,
+either file cut short or a tokenizer.json that is not the run's is refused on load. The folder is written aside (a
+new folder beside OUT) and renamed into place: a reader finds the old export, the new one or none, never a mix of
+two. OUT may not be a run folder (the run's checkpoints stay what load_run reads there), a symbolic link, or a
+folder holding other files; nothing in it is followed or written through.
 """
 
 import argparse
@@ -16,16 +23,23 @@ import os
 import shutil
 import tempfile
 
-import jax
-import numpy as np
-from flax import nnx
 from safetensors.numpy import save_file
 
-from retention.load import EXPORT_CONFIG, EXPORT_WEIGHTS, is_run_folder, read_run, weight_name
+from retention.hf.config_out import hf_config, hf_tensors
+from retention.load import (
+    EXPORT_CONFIG,
+    EXPORT_RECORD,
+    EXPORT_WEIGHTS,
+    TOKENIZER,
+    is_run_folder,
+    max_positions,
+    read_run,
+    run_tokenizer,
+)
 from retention.train.checksum import tree_checksums
 from retention.train.record import record_digest
 
-EXPORT_FILES = (EXPORT_WEIGHTS, EXPORT_CONFIG)
+EXPORT_FILES = (EXPORT_WEIGHTS, EXPORT_CONFIG, EXPORT_RECORD, TOKENIZER)
 
 
 def check_out(run_dir: str, out: str) -> None:
@@ -45,27 +59,46 @@ def check_out(run_dir: str, out: str) -> None:
             raise ValueError(f"out must be empty or an export folder, got {out!r} holding {others[:4]}")
 
 
+def _end_token_id(record: dict, tokenizer) -> int | None:
+    """The id that ends a document: the run's tokenizer's, the bytes tokenizer's 256, None for a synthetic task."""
+    if tokenizer is not None:
+        return tokenizer.eod
+    return 256 if record["config"]["data"].get("task") == "text" else None
+
+
 def export_run(run_dir: str, out: str, step: int | None = None) -> str:
-    """Write the parameters of `run_dir`'s checkpoint `step` (None: the newest intact one) to `out`, replacing an
-    export there in one rename; returns out."""
+    """Write the parameters of `run_dir`'s checkpoint `step` (None: the newest intact one), its config, record and
+    tokenizer to `out`, replacing an export there in one rename; returns out."""
     check_out(run_dir, out)
     loaded = read_run(run_dir, step)
-    weights = {weight_name(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(loaded.model))}
+    tokenizer = run_tokenizer(run_dir, loaded.record)  # checked against the record's fingerprint
+    layout, weights = hf_tensors(loaded.model)
     checksums, _ = tree_checksums(weights)
     digest = record_digest(loaded.record)
     metadata = {
-        "format": "retention",
+        "format": "pt" if layout == "llama" else "retention",
+        "layout": layout,
         "step": str(loaded.step),
         "record_sha256": digest,
         "checksums": json.dumps(checksums),
     }
+    config = hf_config(
+        loaded.model.config,
+        max_position_embeddings=max_positions(loaded.record),
+        eos_token_id=_end_token_id(loaded.record, tokenizer),
+    )
+    config["retention_export"] = {"layout": layout, "step": loaded.step, "record_sha256": digest}
     parent, name = os.path.split(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     aside = tempfile.mkdtemp(dir=parent, prefix=f".{name}.export-")  # new and empty: nothing in it is a link
     try:
         save_file(weights, os.path.join(aside, EXPORT_WEIGHTS), metadata=metadata)
         with open(os.path.join(aside, EXPORT_CONFIG), "x") as f:
+            json.dump(config, f, indent=2)
+        with open(os.path.join(aside, EXPORT_RECORD), "x") as f:
             json.dump({"step": loaded.step, "record": loaded.record, "record_sha256": digest}, f, indent=2)
+        if tokenizer is not None:
+            shutil.copyfile(os.path.join(run_dir, TOKENIZER), os.path.join(aside, TOKENIZER))
         os.chmod(aside, 0o755)  # mkdtemp makes it private
         if os.path.exists(out):  # the old export moves out of the way, then the new one moves in
             old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")
@@ -83,7 +116,7 @@ def export_run(run_dir: str, out: str, step: int | None = None) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", help="a train.py run folder (hydra.run.dir)")
-    parser.add_argument("out", help="a folder of its own to write model.safetensors and config.json to")
+    parser.add_argument("out", help="a folder of its own to write the export to")
     parser.add_argument("--step", type=int, default=None, help="a checkpoint's step (default: the newest intact)")
     args = parser.parse_args()
     try:

@@ -1,14 +1,18 @@
-"""Out of a run: the trained model and the run's config, from a run folder of train.py or from an export.
+"""Out of a run: the trained model, the run's config and its tokenizer, from a run folder of train.py or from an
+export.
 
-    model, cfg = retention.load_run("outputs/mqar/hybrid/2026-01-01_12-00-00")
+    model, cfg, tokenizer = retention.load_run("outputs/text/hybrid/2026-01-01_12-00-00")
     out = retention.generate(model, prompt, 32, temperature=0.0)
 
 A run folder's checkpoints carry the run's record (config, LMConfig, parameter shapes) and a checksum per array
-(retention/train/checkpoint.py); an export (`python -m retention.export RUN_DIR OUT`) is model.safetensors and
-config.json with the same record, each checked against the other and every tensor against its checksum on load
-(retention/export.py).
+(retention/train/checkpoint.py); an export (`python -m retention.export RUN_DIR OUT`) is model.safetensors, an
+HF-style config.json, the run record (run_record.json) and the run's tokenizer.json, each checked against the
+others and every tensor against its checksum on load (retention/export.py). The tokenizer is the run's
+tokenizer.json (a bpe or file tokenizer, checked against the record's fingerprint), None for a run without one
+(the bytes tokenizer, or a synthetic task).
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,6 +23,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from retention.data.tokenizer import HFTokenizer
+from retention.hf.config_out import hf_config, weight_name
+from retention.hf.load import build_lm
+from retention.hf.names import pure_from_llama
 from retention.nn import LM, LMConfig
 from retention.nn.model import convert_layers
 from retention.parallel import state_shardings
@@ -28,7 +36,8 @@ from retention.train.config import Config
 from retention.train.record import RECORD_FILE, config_from_dict, record_digest
 
 log = logging.getLogger(__name__)
-EXPORT_WEIGHTS, EXPORT_CONFIG = "model.safetensors", "config.json"
+EXPORT_WEIGHTS, EXPORT_CONFIG, EXPORT_RECORD = "model.safetensors", "config.json", "run_record.json"
+TOKENIZER = "tokenizer.json"
 
 
 class LoadedRun(NamedTuple):
@@ -37,9 +46,34 @@ class LoadedRun(NamedTuple):
     step: int  # the training step the parameters are from
 
 
-def weight_name(path) -> str:
-    """A parameter's name in an export: its key path joined by dots (blocks.0.mixer.q_proj.kernel.value)."""
-    return jax.tree_util.keystr(path, simple=True, separator=".")
+class Run(NamedTuple):
+    """What `load_run` returns: the trained model, the run's Config, the run's tokenizer (None without one)."""
+
+    model: LM
+    config: Config
+    tokenizer: HFTokenizer | None
+
+
+def max_positions(record: dict) -> int:
+    """The longest sequence the run trained or evaluated: data.seq_len times the largest trainer.eval_scales."""
+    config = record["config"]
+    return config["data"]["seq_len"] * max(config["trainer"].get("eval_scales") or [1])
+
+
+def run_tokenizer(folder: str, record: dict) -> HFTokenizer | None:
+    """The run's tokenizer: `folder`/tokenizer.json for a text run whose tokenizer is bpe or file, checked against
+    the record's fingerprint (ValueError naming the file when it is missing or another); None otherwise."""
+    data = record["config"]["data"]
+    if data.get("task") != "text" or data.get("tokenizer", "bytes") == "bytes":
+        return None
+    path = os.path.join(folder, TOKENIZER)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is missing: the run's tokenizer ({data['tokenizer']}) is kept there")
+    tokenizer = HFTokenizer.load(path, data["eod_token"])
+    want = record.get("data_fingerprints", {}).get("tokenizer")
+    if want is not None and tokenizer.identity != want:
+        raise ValueError(f"{path} is not the run's tokenizer: fingerprint {tokenizer.identity}, the record's {want}")
+    return tokenizer
 
 
 def _abstract(lm: LMConfig, mesh: Mesh | None):
@@ -60,21 +94,45 @@ def is_run_folder(folder: str) -> bool:
     return os.path.exists(os.path.join(folder, RECORD_FILE)) or os.path.isdir(os.path.join(folder, "checkpoints"))
 
 
-def _read_export(folder: str) -> tuple[dict, dict]:
-    """(config.json, the weights by name) of an export folder, each checked against the other: config.json's
-    record against its sha256, the weights file's record sha256 and step against config.json's, and each
-    tensor against its checksum; ValueError naming the file and what differs."""
+def _read_json(path: str, keys: tuple) -> dict:
+    """The JSON object at `path` holding `keys`; ValueError naming the file when it is damaged or lacks them."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        if missing := [key for key in keys if key not in value]:
+            raise KeyError(missing[0])
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise ValueError(f"{path} is damaged or not an export's ({type(e).__name__}: {e})") from None
+    return value
+
+
+def _read_export(folder: str) -> tuple[dict, dict, dict]:
+    """(run_record.json, config.json's "retention_export", the weights by name) of an export folder, each checked
+    against the others: the record against its sha256, config.json's and the weights file's record sha256 and step
+    against the record's, config.json's fields against those the record's model gives, and each tensor against its
+    checksum; ValueError naming the file and what differs."""
     from safetensors import SafetensorError, safe_open
 
-    config_path, weights_path = os.path.join(folder, EXPORT_CONFIG), os.path.join(folder, EXPORT_WEIGHTS)
-    try:
-        with open(config_path) as f:
-            exported = json.load(f)
-        record, digest, step = exported["record"], exported["record_sha256"], exported["step"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{config_path} is damaged or not an export's ({type(e).__name__}: {e})") from None
+    record_path, config_path = os.path.join(folder, EXPORT_RECORD), os.path.join(folder, EXPORT_CONFIG)
+    weights_path = os.path.join(folder, EXPORT_WEIGHTS)
+    exported = _read_json(record_path, ("record", "record_sha256", "step"))
+    record, digest, step = exported["record"], exported["record_sha256"], exported["step"]
     if record_digest(record) != digest:
-        raise ValueError(f"{config_path} is damaged: its run record does not match its sha256")
+        raise ValueError(f"{record_path} is damaged: its run record does not match its sha256")
+    config = _read_json(config_path, ("retention_export",))
+    export = config.pop("retention_export")
+    if (export.get("record_sha256"), export.get("step")) != (digest, step):
+        raise ValueError(
+            f"{config_path} and {record_path} are of different exports (record sha256 {export.get('record_sha256')} "
+            f"at step {export.get('step')} against {digest} at step {step}): export the run again"
+        )
+    lm = LMConfig(**record["lm"])
+    want = hf_config(lm, max_position_embeddings=max_positions(record), eos_token_id=config.get("eos_token_id"))
+    if differ := sorted(k for k in want.keys() | config.keys() if want.get(k) != config.get(k)):
+        raise ValueError(
+            f"{config_path} is damaged: {differ[0]}={config.get(differ[0])!r}, the run record's model has "
+            f"{want.get(differ[0])!r} (fields that differ: {differ[:6]})"
+        )
     try:
         with safe_open(weights_path, framework="numpy") as f:
             meta = f.metadata() or {}
@@ -84,20 +142,30 @@ def _read_export(folder: str) -> tuple[dict, dict]:
         raise ValueError(f"{weights_path} is damaged or not an export's ({type(e).__name__}: {e})") from None
     if meta.get("record_sha256") != digest or meta.get("step") != str(step):
         raise ValueError(
-            f"{weights_path} and {config_path} are of different exports (record sha256 "
+            f"{weights_path} and {record_path} are of different exports (record sha256 "
             f"{meta.get('record_sha256')} at step {meta.get('step')} against {digest} at step {step}): export the "
             "run again"
         )
+    if meta.get("layout") != export.get("layout"):
+        raise ValueError(
+            f"{weights_path} is in the {meta.get('layout')} layout, {config_path} says {export.get('layout')}"
+        )
     if bad := mismatched(saved, weights)[0]:
         raise ValueError(f"{weights_path} is damaged: {len(bad)} tensors differ from their checksums ({bad[0]} first)")
-    return exported, weights
+    return exported, export, weights
 
 
 def _from_export(folder: str, step: int | None, mesh: Mesh | None) -> LoadedRun:
-    exported, weights = _read_export(folder)
+    exported, export, weights = _read_export(folder)
     if step is not None and step != exported["step"]:
         raise ValueError(f"step must be None or {exported['step']} (the step {folder} was exported from), got {step}")
-    graphdef, abstract = _abstract(LMConfig(**exported["record"]["lm"]), mesh)
+    lm = LMConfig(**exported["record"]["lm"])
+    if export["layout"] == "llama":
+        where = f"{folder}/{EXPORT_WEIGHTS}"
+        model = build_lm(dataclasses.replace(lm, scan_layers=False), pure_from_llama(lm, weights, where), where)
+        model = convert_layers(model, lm.scan_layers)
+        weights = {weight_name(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model))}
+    graphdef, abstract = _abstract(lm, mesh)
     names = {weight_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(abstract)}
     if names != weights.keys():
         raise ValueError(
@@ -121,7 +189,9 @@ def _from_checkpoints(run_dir: str, step: int | None, mesh: Mesh | None) -> Load
     try:
         steps = ckpt.steps()
         if not steps:
-            raise FileNotFoundError(f"no checkpoint in {ckpt.directory} (and no {EXPORT_CONFIG} in {run_dir})")
+            raise FileNotFoundError(
+                f"no checkpoint in {ckpt.directory} (and no export: no {EXPORT_RECORD} in {run_dir})"
+            )
         if step is not None and step not in steps:
             raise ValueError(f"step must be None or one of the checkpoints {steps} in {ckpt.directory}, got {step}")
         for s in [step] if step is not None else reversed(steps):
@@ -141,16 +211,18 @@ def _from_checkpoints(run_dir: str, step: int | None, mesh: Mesh | None) -> Load
 def read_run(run_dir: str, step: int | None = None, *, mesh: Mesh | None = None) -> LoadedRun:
     """The model (parameters only) of a run folder's checkpoint `step` (None: the newest intact one) or of an
     export folder, with the run's record and step; see `load_run`. A run folder (run.json or checkpoints/ there)
-    is read from its checkpoints whatever else it holds; an export folder is one with config.json and neither."""
-    if not is_run_folder(run_dir) and os.path.exists(os.path.join(run_dir, EXPORT_CONFIG)):
+    is read from its checkpoints whatever else it holds; an export folder is one with run_record.json and
+    neither."""
+    if not is_run_folder(run_dir) and os.path.exists(os.path.join(run_dir, EXPORT_RECORD)):
         return _from_export(run_dir, step, mesh)
     return _from_checkpoints(run_dir, step, mesh)
 
 
 def load_run(
     run_dir: str, step: int | None = None, *, mesh: Mesh | None = None, scan_layers: bool | None = None
-) -> tuple[LM, Config]:
-    """(the trained LM, the run's Config) from a train.py run folder or an export (`python -m retention.export`).
+) -> Run:
+    """Run(the trained LM, the run's Config, the run's tokenizer or None) from a train.py run folder or an export
+    (`python -m retention.export`).
 
     Only the parameters are read (not the optimizer state), each checked against its checkpoint checksum; they
     are placed on the default device, or FSDP-sharded over `mesh` (default: the mesh of jax.set_mesh, if set).
@@ -166,4 +238,4 @@ def load_run(
         if not mesh.empty:
             params = nnx.state(model)
             nnx.update(model, jax.device_put(params, state_shardings(params, mesh)))
-    return model, config_from_dict(loaded.record["config"])
+    return Run(model, config_from_dict(loaded.record["config"]), run_tokenizer(run_dir, loaded.record))

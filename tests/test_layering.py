@@ -1,5 +1,5 @@
 """The house's import rules, read from the source: every import runs downhill (validation <- ops, parallel, data <-
-nn <- train <- the face: load, export, generation, serve <- eval, the lm-eval adapter), the Pallas kernels import
+nn <- train <- the face: load, export, hf, generation, serve <- eval, the lm-eval adapter), the Pallas kernels import
 nothing of `retention` and are reached only through the power-retention op's pallas.py, experiments/ runs downhill
 too (its helpers <- the benchmarks <- compare/ <- the scripts built on the comparison), `import retention.ops` loads
 neither the trainer's libraries nor Flax, `import retention` neither lm-eval nor torch, and a missing trainer
@@ -19,6 +19,7 @@ LAYERS = {
     "retention.nn": 2,
     "retention.train": 3,
     "retention.load": 4,
+    "retention.hf": 4,
     "retention.export": 4,
     "retention.generation": 4,
     "retention.serve": 4,

@@ -110,7 +110,7 @@ def train_loss_curve(tb_dir: Path) -> list[tuple[int, float, float]]:
 def load_params(run_dir: Path, step: int):
     """The trained parameters (the model's nnx.State) of the run in `run_dir` at checkpoint `step` (the finished
     run's trainer.steps), read by `retention.load_run`."""
-    model, _ = load_run(str(run_dir), step)
+    model = load_run(str(run_dir), step).model
     return nnx.state(model)
 
 

@@ -49,7 +49,7 @@ from retention.data.tokenizer import ByteTokenizer, HFTokenizer
 from retention.generation import generate
 from retention.load import load_run
 from retention.nn import LM
-from retention.train.config import TOKENIZER_FILE, Config
+from retention.train.config import Config
 from retention.validation import check_int
 
 MIN_BUCKET = 16  # the shortest padded length: short requests share one program
@@ -63,23 +63,14 @@ def bucket(n: int, max_length: int) -> int:
     return min(max(MIN_BUCKET, 1 << (n - 1).bit_length()), max_length)
 
 
-def run_tokenizer(folder: str, cfg: Config):
-    """The tokenizer a text run trained with: bytes, or the tokenizer.json the trainer keeps in the run folder (its
-    eod_token the run's). ValueError for a run of another task; FileNotFoundError naming a missing tokenizer.json
-    (an export holds none yet: evaluate the run folder)."""
+def text_tokenizer(folder: str, cfg: Config, tokenizer: HFTokenizer | None):
+    """The tokenizer a text run trained with: `load_run`'s (the run's tokenizer.json, checked), or bytes when the
+    run used the byte tokenizer. ValueError for a run of another task."""
     if cfg.data.task != "text":
         raise ValueError(
             f"path must be a text run (data.task=text), got {folder!r}, a run of data.task={cfg.data.task}"
         )
-    if cfg.data.tokenizer == "bytes":
-        return ByteTokenizer()
-    path = os.path.join(folder, TOKENIZER_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"{path} does not exist: a run with data.tokenizer={cfg.data.tokenizer} keeps its tokenizer there (an "
-            "export holds none: evaluate the run folder, or pass model= and tokenizer= from Python)"
-        )
-    return HFTokenizer.load(path, cfg.data.eod_token)
+    return ByteTokenizer() if tokenizer is None else tokenizer
 
 
 def _batch_size(batch_size, max_batch_size) -> int:
@@ -134,8 +125,8 @@ class RetentionLM(TemplateLM):
             if not isinstance(path, str | os.PathLike) or not os.path.isdir(path):
                 raise FileNotFoundError(f"path must be a run or export folder, got {path!r} (no such folder)")
             path = os.fspath(path)
-            model, cfg = load_run(path, step)
-            tokenizer = run_tokenizer(path, cfg)
+            model, cfg, tokenizer = load_run(path, step)
+            tokenizer = text_tokenizer(path, cfg, tokenizer)
             max_length = cfg.data.seq_len if max_length is None else max_length
         elif not isinstance(model, LM) or tokenizer is None:
             raise ValueError(f"model must be an LM with a tokenizer (or give path), got model={type(model).__name__}")

@@ -29,6 +29,7 @@ from retention.nn.qkv import (
     qkvo_weights,
     select_kept,
 )
+from retention.nn.rope import RopeScaling
 from retention.ops import (
     ATTENTION_IMPLS,
     KVCache,
@@ -86,6 +87,9 @@ class Attention(QKVMixer):
         window: int | None = None,
         qk_norm: bool = False,
         conv_size: int = 0,
+        qkv_bias: bool = False,
+        norm_eps: float = 1e-6,
+        rope_scaling: RopeScaling | None = None,
         rope_base: float | None = 10000.0,
         impl: str = "auto",
         kv_cache_bits: int | None = None,
@@ -95,7 +99,8 @@ class Attention(QKVMixer):
     ):
         check_window(window)
         check_choice("impl", impl, ATTENTION_IMPLS)
-        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, qkv_bias=qkv_bias, norm_eps=norm_eps, rope_base=rope_base)
+        parts |= dict(rope_scaling=rope_scaling, dtype=dtype, param_dtype=param_dtype)
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         if kv_cache_bits is not None:
             check_quantization(head_dim, kv_cache_bits, default_group(head_dim))

@@ -9,6 +9,7 @@ from retention.nn.mamba2 import check_mamba2_dims
 from retention.nn.power_retention import GATE_BIAS_INIT
 from retention.nn.registry import MIXERS
 from retention.nn.remat import check_remat_policy
+from retention.nn.rope import RopeScaling, check_rope_scaling
 from retention.nn.scan import check_scannable
 from retention.ops import ATTENTION_IMPLS, RETENTION_IMPLS, check_chunk_size, check_deg
 from retention.ops.attention import KV_CACHE_BITS
@@ -42,15 +43,23 @@ class LMConfig:
     n_kv_heads: int = 8
     head_dim: int = 64
     mlp_ratio: float = 8 / 3
+    mlp_width: int | None = None  # the SwiGLU hidden width; None: mlp_ratio * d_model rounded to a multiple of 8
     deg: int = 2
     window: int = 512
     rope_base: float | None = 10000.0
+    rope_scaling: str = "none"  # RoPE's frequencies rescaled as HF's rope_type: none, linear or llama3 (rope.py)
+    rope_factor: float = 8.0  # linear: every frequency divided by this; llama3: the long wavelengths'
+    rope_low_freq_factor: float = 1.0  # llama3: wavelengths past rope_original_max_len / this are divided
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below rope_original_max_len / this are kept
+    rope_original_max_len: int = 8192  # llama3: the context the model was pretrained at
+    norm_eps: float = 1e-6  # every RMSNorm's epsilon: the blocks', the final one, QK-norm's
     tie_embeddings: bool = True
     dtype: str = "float32"  # compute dtype (activations, KV cache); the retention state is always float32
     param_dtype: str = "float32"
     gating: bool = True  # P layers: a learnt per-kv-head decay gate
     gate_bias_init: float = GATE_BIAS_INIT  # P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay)
     qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
+    qkv_bias: bool = False  # every q/k/v layer: biases on the q, k and v projections (as Qwen2)
     conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
     chunk_size: int | None = None
     ssm_state_size: int = 64  # M layers: Mamba2's state size N per group of B and C
@@ -71,7 +80,16 @@ class LMConfig:
         check_number("gate_bias_init", self.gate_bias_init)
         check_conv_size("conv_size", self.conv_size)
         check_number("mlp_ratio", self.mlp_ratio, low=0, open_low=True)
+        if self.mlp_width is not None:
+            check_int("mlp_width", self.mlp_width)
         check_rope_base(self.rope_base, self.head_dim)
+        rope = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
+        check_rope_scaling(*(getattr(self, name) for name in rope), names=rope)
+        if self.rope_scaling != "none" and self.rope_base is None:
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} needs RoPE: a rope_base, got rope_base=None")
+        check_number("norm_eps", self.norm_eps, low=0, open_low=True)
+        if not isinstance(self.qkv_bias, bool):
+            raise ValueError(f"qkv_bias must be a bool (True or False), got {self.qkv_bias!r}")
         for name in ("dtype", "param_dtype"):
             check_choice(name, getattr(self, name), FLOAT_DTYPES)
         check_chunk_size(self.chunk_size)
@@ -97,5 +115,20 @@ class LMConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """The SwiGLU hidden width: mlp_ratio * d_model rounded to a multiple of 8."""
+        """The SwiGLU hidden width: mlp_width, or (None) mlp_ratio * d_model rounded to a multiple of 8."""
+        if self.mlp_width is not None:
+            return self.mlp_width
         return 8 * max(1, round(self.mlp_ratio * self.d_model / 8))
+
+    @property
+    def rope_frequency_scaling(self) -> RopeScaling | None:
+        """The RoPE frequency scaling the q/k/v mixers apply (rope.py), None for rope_scaling="none"."""
+        if self.rope_scaling == "none":
+            return None
+        return RopeScaling(
+            self.rope_scaling,
+            self.rope_factor,
+            self.rope_low_freq_factor,
+            self.rope_high_freq_factor,
+            self.rope_original_max_len,
+        )

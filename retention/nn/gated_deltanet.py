@@ -50,13 +50,16 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         head_dim: int,
         qk_norm: bool = False,
         conv_size: int = 0,
+        qkv_bias: bool = False,
+        norm_eps: float = 1e-6,
         chunk_size: int | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
         check_chunk_size(chunk_size)
-        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=None, dtype=dtype, param_dtype=param_dtype)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, qkv_bias=qkv_bias, norm_eps=norm_eps, rope_base=None)
+        parts |= dict(dtype=dtype, param_dtype=param_dtype)
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         self.chunk_size = chunk_size
         self.gate_proj = head_gate_proj(d_model, heads, head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -124,6 +127,8 @@ def _build(config, *, rngs: nnx.Rngs) -> GatedDeltaNet:
         head_dim=config.head_dim,
         qk_norm=config.qk_norm,
         conv_size=config.conv_size,
+        qkv_bias=config.qkv_bias,
+        norm_eps=config.norm_eps,
         chunk_size=config.chunk_size,
         dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.nn.rope import RopeScaling, rope_frequencies
 from retention.parallel.rules import BTF, constrain, logical_param
 from retention.validation import check_int
 
@@ -30,12 +31,15 @@ def check_rope_base(rope_base, head_dim: int, *, names=("rope_base", "head_dim")
         raise ValueError(f"RoPE needs an even {names[1]}, got {names[1]}={head_dim} (or set {names[0]}=None)")
 
 
-def apply_rope(x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float) -> Float[Array, "B T H d"]:
-    """Rotary position embedding (GPT-NeoX layout): rotates each pair (x_i, x_{i+d/2}) by the angle
-    position * base^(-2i/d). `positions` is [T] (shared by the batch) or [B, T]; computed in float32."""
+def apply_rope(
+    x_BTHd: Float[Array, "B T H d"], positions: Int[Array, "*b T"], base: float, scaling: RopeScaling | None = None
+) -> Float[Array, "B T H d"]:
+    """Rotary position embedding (GPT-NeoX layout, Hugging Face Llama's rotate_half): rotates each pair
+    (x_i, x_{i+d/2}) by the angle position * base^(-2i/d), the frequencies rescaled by `scaling` (rope.py).
+    `positions` is [T] (shared by the batch) or [B, T]; computed in float32."""
     d = x_BTHd.shape[-1]
     half = d // 2
-    inv_freq = base ** (-2.0 * jnp.arange(half, dtype=jnp.float32) / d)
+    inv_freq = rope_frequencies(d, base, scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [*b, T, d/2]
     cos, sin = jnp.cos(angles)[..., None, :], jnp.sin(angles)[..., None, :]  # broadcast over heads
     x1 = x_BTHd[..., :half].astype(jnp.float32)
@@ -61,11 +65,13 @@ def document_positions(
 
 
 class QKNorm(nnx.Module):
-    """RMSNorm over the head dim of q and of k (one learnt scale [head_dim] each), as in Brumby and OLMo 2."""
+    """RMSNorm over the head dim of q and of k (one learnt scale [head_dim] each, epsilon added to the mean
+    square), as in Brumby, OLMo 2 and Qwen3."""
 
-    def __init__(self, head_dim: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, head_dim: int, *, epsilon: float = 1e-6, dtype, param_dtype, rngs: nnx.Rngs):
         names = logical_param("head_dim")
-        norm = lambda: nnx.RMSNorm(head_dim, dtype=dtype, param_dtype=param_dtype, scale_metadata=names, rngs=rngs)
+        options = dict(epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, scale_metadata=names, rngs=rngs)
+        norm = lambda: nnx.RMSNorm(head_dim, **options)
         self.q_norm, self.k_norm = norm(), norm()
 
     def __call__(self, q_BTHd, k_BTHd):

@@ -51,9 +51,8 @@ class Block(nnx.Module):
 
     def __init__(self, config: LMConfig, kind: str, *, rngs: nnx.Rngs):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
-        norm = lambda: nnx.RMSNorm(
-            config.d_model, dtype=dtype, param_dtype=param_dtype, scale_metadata=logical_param("embed"), rngs=rngs
-        )
+        options = dict(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        norm = lambda: nnx.RMSNorm(config.d_model, scale_metadata=logical_param("embed"), **options)
         self.mixer_norm = norm()
         self.mixer = MIXERS[kind].build(config, rngs=rngs)
         self.mlp_norm = norm()
@@ -89,7 +88,8 @@ class LM(nnx.Module):
             self.periods = stacked_periods(config, Block, rngs=rngs)
         else:
             self.blocks = nnx.List([Block(config, kind, rngs=rngs) for kind in config.layer_kinds])
-        self.final_norm = nnx.RMSNorm(config.d_model, scale_metadata=logical_param("embed"), **options)
+        norm_options = dict(epsilon=config.norm_eps, scale_metadata=logical_param("embed"))
+        self.final_norm = nnx.RMSNorm(config.d_model, **norm_options, **options)
         self.head = (
             None
             if config.tie_embeddings

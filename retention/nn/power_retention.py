@@ -29,6 +29,7 @@ from retention.nn.qkv import (
     qkvo_weights,
     trail_segment_ids,
 )
+from retention.nn.rope import RopeScaling
 from retention.ops import (
     RETENTION_IMPLS,
     RetentionState,
@@ -77,6 +78,9 @@ class PowerRetention(QKVMixer):
         gate_bias_init: float = GATE_BIAS_INIT,
         qk_norm: bool = False,
         conv_size: int = 0,
+        qkv_bias: bool = False,
+        norm_eps: float = 1e-6,
+        rope_scaling: RopeScaling | None = None,
         rope_base: float | None = None,
         chunk_size: int | None = None,
         impl: str = "auto",
@@ -88,7 +92,8 @@ class PowerRetention(QKVMixer):
         check_number("gate_bias_init", gate_bias_init)
         check_chunk_size(chunk_size)
         check_choice("impl", impl, RETENTION_IMPLS)
-        parts = dict(qk_norm=qk_norm, conv_size=conv_size, rope_base=rope_base, dtype=dtype, param_dtype=param_dtype)
+        parts = dict(qk_norm=qk_norm, conv_size=conv_size, qkv_bias=qkv_bias, norm_eps=norm_eps, rope_base=rope_base)
+        parts |= dict(rope_scaling=rope_scaling, dtype=dtype, param_dtype=param_dtype)
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
         self.deg, self.chunk_size, self.impl = deg, chunk_size, impl
         self.gate_proj = (

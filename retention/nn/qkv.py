@@ -9,19 +9,23 @@ from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConv, check_conv_size
 from retention.nn.layers import QKNorm, apply_rope, check_heads, check_rope_base
+from retention.nn.rope import RopeScaling
 from retention.parallel.rules import BTHD, BTKD, constrain, logical_param
-from retention.validation import check_int
+from retention.validation import check_int, check_number
 
 
 def mixer_options(config) -> dict:
-    """The constructor arguments every mixer takes from an LMConfig (heads, parts, RoPE, dtypes)."""
+    """The constructor arguments every mixer takes from an LMConfig (heads, parts, biases, RoPE, dtypes)."""
     return dict(
         heads=config.n_heads,
         kv_heads=config.n_kv_heads,
         head_dim=config.head_dim,
         qk_norm=config.qk_norm,
         conv_size=config.conv_size,
+        qkv_bias=config.qkv_bias,
+        norm_eps=config.norm_eps,
         rope_base=config.rope_base,
+        rope_scaling=config.rope_frequency_scaling,
         dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),
     )
@@ -39,8 +43,10 @@ def conv_taps(config) -> int:
 
 
 def qkv_part_params(config) -> int:
-    """Parameters of the optional parts: the convolution taps and QK-norm's two scales of head_dim."""
-    return conv_taps(config) + (2 * config.head_dim if config.qk_norm else 0)
+    """Parameters of the optional parts: the convolution taps, QK-norm's two scales of head_dim and the q, k and
+    v projections' biases."""
+    biases = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim if config.qkv_bias else 0
+    return conv_taps(config) + (2 * config.head_dim if config.qk_norm else 0) + biases
 
 
 def conv_cache_bytes(config, batch: int, channels: int | None = None) -> int:
@@ -66,8 +72,9 @@ def head_gate_proj(d_model: int, heads: int, head_dim: int, *, dtype, param_dtyp
     )
 
 
-def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, param_dtype, rngs):
-    """The optional pieces between the projections and the op: (QKVConv or None, QKNorm or None)."""
+def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, norm_eps=1e-6, dtype, param_dtype, rngs):
+    """The optional pieces between the projections and the op: (QKVConv or None, QKNorm or None, of epsilon
+    norm_eps)."""
     check_conv_size("conv_size", conv_size)
     conv = (
         QKVConv(
@@ -76,14 +83,16 @@ def make_qkv_parts(heads, kv_heads, head_dim, conv_size, qk_norm, *, dtype, para
         if conv_size
         else None
     )
-    norm = QKNorm(head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if qk_norm else None
+    norm = QKNorm(head_dim, epsilon=norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs) if qk_norm else None
     return conv, norm
 
 
 class QKVMixer(nnx.Module):
     """The base of every q/k/v mixer: q, k, v projections (GQA: k and v have kv_heads heads), the output projection,
-    the optional parts (a causal short convolution of conv_size taps, 0: none; QK RMSNorm) and RoPE (rope_base None:
-    none). A subclass adds its own parameters and its op, calls `project_qkv(self, ...)` and `self.out(y)`."""
+    the optional parts (a causal short convolution of conv_size taps, 0: none; QK RMSNorm of epsilon norm_eps; biases
+    on the q, k and v projections with qkv_bias, as Qwen2's) and RoPE (rope_base None: none; its frequencies rescaled
+    by rope_scaling, rope.py). A subclass adds its own parameters and its op, calls `project_qkv(self, ...)` and
+    `self.out(y)`."""
 
     def __init__(
         self,
@@ -98,19 +107,35 @@ class QKVMixer(nnx.Module):
         dtype,
         param_dtype,
         rngs: nnx.Rngs,
+        qkv_bias: bool = False,
+        norm_eps: float = 1e-6,
+        rope_scaling: RopeScaling | None = None,
     ):
         check_int("d_model", d_model)
         check_heads(heads, kv_heads, head_dim)
         check_rope_base(rope_base, head_dim)
+        check_number("norm_eps", norm_eps, low=0, open_low=True)
+        if rope_scaling is not None and rope_base is None:
+            raise ValueError(f"rope_scaling needs RoPE (a rope_base), got rope_scaling={rope_scaling} and no rope_base")
         self.heads, self.kv_heads, self.head_dim, self.rope_base = heads, kv_heads, head_dim, rope_base
-        options = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        linear = lambda i, o, *names: nnx.Linear(i, o, kernel_metadata=logical_param(*names), **options)
-        self.q_proj = linear(d_model, heads * head_dim, "embed", "heads")
-        self.k_proj = linear(d_model, kv_heads * head_dim, "embed", "kv_heads")
-        self.v_proj = linear(d_model, kv_heads * head_dim, "embed", "kv_heads")
-        self.o_proj = linear(heads * head_dim, d_model, "heads", "embed")
+        self.rope_scaling = rope_scaling
+        options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        linear = lambda i, o, *names, bias=False: nnx.Linear(
+            i,
+            o,
+            use_bias=bias,
+            kernel_metadata=logical_param("embed", *names),
+            bias_metadata=logical_param(*names),
+            **options,
+        )
+        self.q_proj = linear(d_model, heads * head_dim, "heads", bias=qkv_bias)
+        self.k_proj = linear(d_model, kv_heads * head_dim, "kv_heads", bias=qkv_bias)
+        self.v_proj = linear(d_model, kv_heads * head_dim, "kv_heads", bias=qkv_bias)
+        self.o_proj = nnx.Linear(
+            heads * head_dim, d_model, use_bias=False, kernel_metadata=logical_param("heads", "embed"), **options
+        )
         self.conv, self.qk_norm = make_qkv_parts(
-            heads, kv_heads, head_dim, conv_size, qk_norm, dtype=dtype, param_dtype=param_dtype, rngs=rngs
+            heads, kv_heads, head_dim, conv_size, qk_norm, norm_eps=norm_eps, **options
         )
 
     def rollback(self, before, trail, kept: Int[Array, ""]):
@@ -144,7 +169,8 @@ def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, 
     if mixer.qk_norm is not None:
         q, k = mixer.qk_norm(q, k)
     if mixer.rope_base is not None:
-        q, k = apply_rope(q, positions, mixer.rope_base), apply_rope(k, positions, mixer.rope_base)
+        rope = lambda x: apply_rope(x, positions, mixer.rope_base, mixer.rope_scaling)
+        q, k = rope(q), rope(k)
     return q, k, v, conv_trail if trail else conv_cache
 
 

@@ -15,7 +15,7 @@ from lm_eval.tasks import TaskManager
 
 import retention.eval.lm_eval_adapter as adapter_module
 from retention.data.tokenizer import ByteTokenizer, HFTokenizer
-from retention.eval.lm_eval_adapter import RetentionLM, run_tokenizer
+from retention.eval.lm_eval_adapter import RetentionLM, text_tokenizer
 from retention.train.config import DATA_SCHEMAS, Config
 from tests.eval.common import BATCH, MAX_LENGTH
 
@@ -55,7 +55,7 @@ def run_folder(tmp_path, monkeypatch, tiny_model):
 
     def load_run(path, step):
         calls.append((path, step))
-        return tiny_model, TEXT_RUN
+        return tiny_model, TEXT_RUN, None
 
     monkeypatch.setattr(adapter_module, "load_run", load_run)
     return folder, calls
@@ -120,15 +120,13 @@ def test_model_args_from_the_command_line(run_folder):
         get_model("retention").create_from_arg_string(f"pretrained={folder}")
 
 
-def test_run_tokenizer_reads_the_run_folder(tmp_path):
-    assert isinstance(run_tokenizer(str(tmp_path), TEXT_RUN), ByteTokenizer)
-    bpe_run = Config(data=DATA_SCHEMAS["text"](tokenizer="bpe", vocab_size=300, eod_token="<|eod|>"))
-    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "tokenizer.json"))):
-        run_tokenizer(str(tmp_path), bpe_run)
+def test_text_tokenizer_is_the_runs_or_bytes(tmp_path):
+    """load_run's tokenizer (a bpe run's) passes through, a bytes run's None becomes the byte tokenizer, and a run
+    of another task is refused naming it."""
+    assert isinstance(text_tokenizer(str(tmp_path), TEXT_RUN, None), ByteTokenizer)
     rng = np.random.default_rng(SEED)
     trained = HFTokenizer.train((sentence(rng, 30) for _ in range(20)), 300, "<|eod|>")
-    trained.save(str(tmp_path / "tokenizer.json"))
-    read = run_tokenizer(str(tmp_path), bpe_run)
-    assert read.identity == trained.identity and read.eod == trained.tokenizer.token_to_id("<|eod|>")
+    bpe_run = Config(data=DATA_SCHEMAS["text"](tokenizer="bpe", vocab_size=300, eod_token="<|eod|>"))
+    assert text_tokenizer(str(tmp_path), bpe_run, trained) is trained
     with pytest.raises(ValueError, match="data.task=mqar"):
-        run_tokenizer(str(tmp_path), Config(data=DATA_SCHEMAS["mqar"]()))
+        text_tokenizer(str(tmp_path), Config(data=DATA_SCHEMAS["mqar"]()), None)

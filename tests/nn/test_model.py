@@ -128,10 +128,19 @@ def test_decode_compiles_once():
         ("retention_impl", "cuda"),
         ("retention_impl", "cudnn"),  # an attention path
         ("attention_impl", "pallas"),  # a retention path
+        ("mlp_width", 0),
+        ("norm_eps", 0.0),
+        ("qkv_bias", 1),
+        ("rope_scaling", "yarn"),
+        ("rope_factor", 0.5),  # with rope_scaling="linear"
+        ("rope_high_freq_factor", 0.5),  # below rope_low_freq_factor=1 with rope_scaling="llama3"
+        ("rope_original_max_len", 0),  # with rope_scaling="llama3"
     ],
 )
 def test_config_validation(field, value):
     base = dict(n_heads=8, n_kv_heads=4)
+    if field.startswith("rope_") and field != "rope_scaling":
+        base["rope_scaling"] = "linear" if field == "rope_factor" else "llama3"
     with pytest.raises(ValueError, match=field) as info:
         LMConfig(**{**base, field: value})
     assert repr(value) in str(info.value) or str(value) in str(info.value)

@@ -1,6 +1,6 @@
 """The mixer registry's formulas against the modules they describe: for every letter, the parameter count of the
 built mixer and the bytes of its `init_cache` at several batches, lengths and step sizes (float and quantized KV,
-bf16, with and without the short convolution and QK-norm), and whether the cache is fixed in length."""
+bf16, with and without the short convolution, QK-norm and q/k/v biases), and whether the cache is fixed in length."""
 
 import dataclasses
 from functools import partial
@@ -15,7 +15,7 @@ BASE = LMConfig(vocab_size=40, d_model=24, n_layers=1, pattern="P", n_heads=4, n
 VARIANTS = [
     {},
     dict(conv_size=4, qk_norm=True, dtype="bfloat16"),
-    dict(conv_size=2, gating=False, deg=4, kv_cache_bits=8),
+    dict(conv_size=2, gating=False, deg=4, kv_cache_bits=8, qkv_bias=True),
     dict(kv_cache_bits=4, head_dim=8, n_kv_heads=4, ssm_state_size=5, ssm_groups=3, ssm_expand=4, conv_size=3),
 ]
 

@@ -84,7 +84,7 @@ def test_run_resumed_on_another_mesh_matches_uninterrupted(tmp_path, caplog):
     assert jax.tree.structure(a) == jax.tree.structure(b)
     assert rel_err(_flat(b), _flat(a)) < 1e-5
     mesh = make_mesh(1, 8, 1)
-    model, cfg = load_run(str(moved), mesh=mesh)  # parameters only, FSDP-sharded over the mesh
+    model, cfg, _ = load_run(str(moved), mesh=mesh)  # parameters only, FSDP-sharded over the mesh
     params = jax.tree.leaves(nnx.state(model))
     assert any(len(p.sharding.device_set) == 8 and not p.sharding.is_fully_replicated for p in params)
     np.testing.assert_array_equal(_flat(params), _flat(b))

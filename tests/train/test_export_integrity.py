@@ -1,6 +1,6 @@
 """An export has a checkpoint's integrity: it never shadows the run's checkpoints, a re-export cut short leaves
-the old export whole, a flipped bit in a tensor or a config.json of another run is refused on load, and no
-symbolic link is followed when writing."""
+the old export whole, a flipped bit in a tensor, a record or config.json of another run or a config.json whose
+sizes are not the model's is refused on load, and no symbolic link is followed when writing."""
 
 import json
 import os
@@ -26,7 +26,7 @@ def test_an_export_never_shadows_the_runs_checkpoints(finished_run, tmp_path):
     with pytest.raises(ValueError, match=r"a run folder"):
         export_run(str(run), str(finished_run.folder), step=2)  # another run's folder
     export_run(str(run), str(tmp_path / "out"), step=2)
-    for name in ("config.json", "model.safetensors"):  # an export copied into the run folder by hand
+    for name in ("config.json", "model.safetensors", "run_record.json"):  # an export copied into the run folder by hand
         os.link(tmp_path / "out" / name, run / name)
     loaded = read_run(str(run))
     assert loaded.step == 4  # the checkpoints rule a run folder
@@ -86,18 +86,29 @@ def test_a_flipped_exponent_bit_is_refused(finished_run, tmp_path):
         load_run(str(out))
 
 
-def test_a_config_of_another_run_is_refused(finished_run, tmp_path):
+def test_a_record_or_config_of_another_run_is_refused(finished_run, tmp_path):
     out = tmp_path / "out"
     export_run(str(finished_run.folder), str(out))
-    config = json.load(open(out / "config.json"))
-    record = config["record"]
+    saved = json.load(open(out / "run_record.json"))
+    record = saved["record"]
     record["lm"]["deg"] = 4  # the same shapes, another model
     record["config"]["model"]["deg"] = 4
-    json.dump({**config, "record": record, "record_sha256": record_digest(record)}, open(out / "config.json", "w"))
-    with pytest.raises(ValueError, match=r"model.safetensors and .*config.json are of different exports"):
+    digest = record_digest(record)
+    json.dump({**saved, "record": record, "record_sha256": digest}, open(out / "run_record.json", "w"))
+    with pytest.raises(ValueError, match=r"config.json and .*run_record.json are of different exports"):
         load_run(str(out))
-    json.dump({**config, "record": record}, open(out / "config.json", "w"))  # its own sha256 left as it was
-    with pytest.raises(ValueError, match=r"config.json is damaged: its run record does not match its sha256"):
+    config = json.load(open(out / "config.json"))
+    config["retention_export"]["record_sha256"] = digest
+    json.dump(config, open(out / "config.json", "w"))
+    with pytest.raises(ValueError, match=r"config.json is damaged: retention_lm="):
+        load_run(str(out))  # config.json's mixer settings are the old record's
+    json.dump({**saved, "record": record}, open(out / "run_record.json", "w"))  # its own sha256 left as it was
+    with pytest.raises(ValueError, match=r"run_record.json is damaged: its run record does not match its sha256"):
+        load_run(str(out))
+    export_run(str(finished_run.folder), str(out))
+    config = json.load(open(out / "config.json"))
+    json.dump({**config, "hidden_size": 128}, open(out / "config.json", "w"))  # a size that is not the model's
+    with pytest.raises(ValueError, match=r"config.json is damaged: hidden_size=128, the run record's model has 16"):
         load_run(str(out))
 
 
@@ -106,10 +117,12 @@ def test_no_symlink_is_followed(finished_run, tmp_path):
     export_run(str(finished_run.folder), str(out), step=1)
     target = tmp_path / "precious.json"
     target.write_text("keep me")
-    os.remove(out / "config.json")
-    os.symlink(target, out / "config.json")
+    for name in ("config.json", "run_record.json"):
+        os.remove(out / name)
+        os.symlink(target, out / name)
     export_run(str(finished_run.folder), str(out), step=2)
     assert target.read_text() == "keep me" and not os.path.islink(out / "config.json")
+    assert not os.path.islink(out / "run_record.json")
     assert read_run(str(out)).step == 2
     os.symlink(out, tmp_path / "link")
     with pytest.raises(ValueError, match=r"out must not be a symbolic link"):

@@ -2,6 +2,7 @@
 greedy generation from it equals the argmax of the trained model's full forward; an export (safetensors and
 JSON) reads back bit for bit."""
 
+import json
 import logging
 import os
 import sys
@@ -21,8 +22,8 @@ from tests.train.test_checkpoint import _truncate_data, assert_same_params
 
 
 def test_load_run_then_greedy_generate(finished_run):
-    model, cfg = load_run(str(finished_run.folder))
-    assert isinstance(model, LM) and cfg == compose_config(finished_run.overrides)
+    model, cfg, tokenizer = load_run(str(finished_run.folder))
+    assert isinstance(model, LM) and cfg == compose_config(finished_run.overrides) and tokenizer is None  # MQAR
     assert_same_params(nnx.state(model), finished_run.params[4])  # the last step's, read by Orbax alone
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 5)), jnp.int32)
     out = generate(model, prompt, 6, temperature=0.0)
@@ -47,8 +48,13 @@ def test_export_then_load_round_trips(finished_run, tmp_path, monkeypatch, capsy
     monkeypatch.setattr(sys, "argv", ["export", str(finished_run.folder), str(tmp_path / "out"), "--step", "3"])
     export_main()
     assert (tmp_path / "out" / "model.safetensors").is_file() and "wrote" in capsys.readouterr().out
-    exported, cfg = load_run(str(tmp_path / "out"))
-    assert cfg == compose_config(finished_run.overrides)
+    exported, cfg, tokenizer = load_run(str(tmp_path / "out"))
+    assert cfg == compose_config(finished_run.overrides) and tokenizer is None
+    config = json.load(open(tmp_path / "out" / "config.json"))  # the built model's sizes, the run's pattern
+    lm = exported.config
+    assert config["architectures"] == ["RetentionLM"] and config["layer_pattern"] == lm.pattern == "PA"
+    assert (config["hidden_size"], config["intermediate_size"]) == (lm.d_model, lm.mlp_hidden)
+    assert config["layer_mixers"] == ["power retention", "full attention"]
     assert_same_params(nnx.state(exported), finished_run.params[3])  # bit for bit, dtypes too
     for got, want in zip(jax.tree.leaves(nnx.state(exported)), jax.tree.leaves(finished_run.params[3])):
         assert got.dtype == want.dtype

@@ -26,8 +26,8 @@ def test_two_scanned_steps_with_remat_then_load_unscanned(tmp_path):
     assert summary["train_traces"] == 1 and np.isfinite(summary["train_loss"]), summary
     stacked = saved_state(tmp_path, 2)["params"]["periods"]["blocks"]["0"]["mixer"]["q_proj"]["kernel"]
     assert stacked["value"].shape[0] == 1  # TINY: pattern PA over 2 layers is one repeat of the period
-    scanned, _ = load_run(str(tmp_path))
-    unscanned, cfg = load_run(str(tmp_path), scan_layers=False)
+    scanned = load_run(str(tmp_path)).model
+    unscanned, cfg, _ = load_run(str(tmp_path), scan_layers=False)
     assert scanned.config.scan_layers and not unscanned.config.scan_layers and cfg.model.scan_layers
     tokens = jax.random.randint(jax.random.key(fresh_seed()), (2, 16), 0, scanned.config.vocab_size, jnp.int32)
     forward = nnx.jit(lambda m, t: m(t))

@@ -1,0 +1,95 @@
+"""Export whole: an A-only model (Llama, Qwen2, Qwen3) or a W-only one (Mistral) written in the Llama layout loads
+in transformers with no custom code and gives the same logits; a tiny text run of softmax attention with a
+tokenizer file exports to a folder that transformers loads (its logits the run's model's) and load_run reads back
+with the run's tokenizer, config.json stating the built model's sizes; a damaged tokenizer.json is refused."""
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import save_file
+
+from retention import load_run
+from retention.export import export_run
+from retention.hf import load_hf
+from retention.hf.config_out import hf_config, hf_tensors
+from retention.train import train
+from tests.data.test_text_tokenizer_file import llama2_style
+from tests.hf.common import VOCAB, save_tiny, torch_logits, transformers
+from tests.hf.test_import import assert_float32_close
+from tests.train.common import compose_config
+from tests.train.test_checkpoint import assert_same_params
+from tests.train.test_text_eval import text_run
+
+jnp = pytest.importorskip("jax.numpy")
+
+
+@pytest.mark.parametrize(
+    "architecture, overrides",
+    [
+        ("LlamaForCausalLM", {}),
+        ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+        ("Qwen3ForCausalLM", {}),
+        ("MistralForCausalLM", dict(sliding_window=5)),
+    ],
+)
+def test_the_llama_layout_loads_in_transformers(architecture, overrides, tmp_path):
+    save_tiny(tmp_path / "in", architecture, **overrides)
+    model, _ = load_hf(str(tmp_path / "in"))
+    config = hf_config(model.config, max_position_embeddings=64)
+    layout, tensors = hf_tensors(model)
+    assert layout == "llama" and config["architectures"] == [architecture]
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(tmp_path / "out" / "model.safetensors"), metadata={"format": "pt"})
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).float().eval()
+    tokens = np.random.default_rng(1).integers(0, VOCAB, (2, 12))
+    assert_float32_close(torch_logits(reloaded, tokens), np.asarray(model(jnp.asarray(tokens, jnp.int32))))
+
+
+def test_an_attention_run_exports_whole(tmp_path):
+    overrides = text_run(tmp_path, [])  # writes the documents under tmp_path/docs
+    llama2_style([p.read_text() for p in sorted((tmp_path / "docs").iterdir())], tmp_path / "foreign.json")
+    keep = [o for o in overrides if not o.startswith(("model", "data.tokenizer"))]
+    extra = [
+        "model=softmax",  # base.yaml's QK-norm: the Qwen3 layout
+        "model.conv_size=0",
+        "model.n_layers=2",
+        "model.n_heads=2",
+        "model.n_kv_heads=1",
+        "model.head_dim=8",
+        "model.target_params=30000",  # size_config picks d_model, not the preset's 128
+        "data.tokenizer=file",
+        f"data.tokenizer_file={tmp_path / 'foreign.json'}",
+        'data.eod_token="</s>"',
+        "trainer.steps=1",
+        "optim.warmup_steps=0",
+        "trainer.eval_scales=[1]",
+    ]
+    run, out = tmp_path / "run", tmp_path / "out"
+    train(compose_config([*keep, *extra]), str(run))
+    export_run(str(run), str(out))
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "run_record.json",
+        "tokenizer.json",
+    ]
+    model, cfg, tokenizer = load_run(str(run))
+    exported, exported_cfg, exported_tokenizer = load_run(str(out))
+    assert_same_params(nnx.state(exported), nnx.state(model))
+    assert exported_cfg == cfg and exported_tokenizer.identity == tokenizer.identity
+    assert tokenizer.eod == tokenizer.tokenizer.token_to_id("</s>")
+    config = json.loads((out / "config.json").read_text())
+    lm = model.config
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and lm.pattern == "A"
+    assert config["hidden_size"] == lm.d_model != cfg.model.d_model == 128  # the built model's size
+    assert config["intermediate_size"] == lm.mlp_hidden and config["eos_token_id"] == tokenizer.eod
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(out)).float().eval()
+    tokens = np.asarray(tokenizer.encode("def f(a, b):\n    return x = 1"))[None, :16]
+    assert_float32_close(torch_logits(reloaded, tokens), np.asarray(exported(jnp.asarray(tokens, jnp.int32))))
+
+    (out / "tokenizer.json").write_text((tmp_path / "foreign.json").read_text().replace("<unk>", "<UNK>"))
+    with pytest.raises(ValueError, match=r"tokenizer.json is not the run's tokenizer: fingerprint"):
+        load_run(str(out))
