@@ -13,6 +13,9 @@ counts on from it, and a converged run resumed again trains no further. summary.
 (`stop_reason`: "converged" or "steps", the cap), at which step, and where its eval curve crossed 0.5 and 0.9 of
 its final value.
 
+With init_from the run starts from an existing model, converted by init_convert, with frozen parameters and
+distillation from it (retention/train/init_from.py, retention/train/distill.py).
+
 The same loop runs on one device or many (retention/parallel): it joins a multi-host job when there is one,
 builds the `mesh` config's (data, fsdp, sequence, tensor) mesh over all devices, places the state and splits the
 batches by the config's logical-axis rules (`mesh.rules`); checkpoints restore onto the current mesh whichever
