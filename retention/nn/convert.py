@@ -7,9 +7,12 @@ v_proj and o_proj) can take those weights: P (power retention), W (sliding-windo
 and G (GLA); M (Mamba2: one fused input projection, no q/k/v) is refused.
 
 How the new parameters start, so that a converted layer starts close to the softmax layer it replaces:
-- P: the gate's kernel is 0 and its bias `gate_bias_init` (the config's, 4.0 unless given), so every token's gate
-  is sigmoid(gate_bias_init) whatever the input (0.98 at 4, 0.9997 at 8: near no decay). Power retention weighs
-  key j by (q_i . k_j)^deg over the same q and k; its scale cancels in the normalisation.
+- P: the gate's kernel is 0 and its bias `gate_bias_init` (CONVERT_GATE_BIAS = 2.0 unless given), so every
+  token's gate is sigmoid(gate_bias_init) whatever the input (0.88 at 2: a key's weight halves every 5 tokens).
+  Power retention weighs key j by (q_i . k_j)^deg over the same q and k; its scale cancels in the normalisation.
+  Why 2 and not near no decay: a trained softmax layer attends mostly nearby, and the held-out loss right after
+  conversion (experiments/conversion_loss.py, results/conversion_loss.json: a 4-layer byte-level teacher at 1.645
+  nats) is 2.05 for PA at bias 0 or 2, 2.69 at 4 and 2.93 at 8 (2.16, 3.23, 3.45 for PPPA).
 - W: no new parameters (the same layer with a window).
 - D and G: their gates, decays and output norms keep the mixer's own fresh initialisation (seeded by `seed`): they
   reuse q/k/v/o but do not start near the softmax layer (they have no RoPE, and normalise and gate the output).
@@ -33,6 +36,7 @@ from retention.nn.registry import MIXERS
 
 SETTINGS = ("deg", "gating", "gate_bias_init", "chunk_size", "retention_impl", "window", "conv_size")
 SHARED = ("q_proj", "k_proj", "v_proj", "o_proj", "qk_norm", "conv")  # what a converted mixer takes over
+CONVERT_GATE_BIAS = 2.0  # a converted P layer's gate bias unless gate_bias_init is given (module docstring)
 
 
 def reuses_qkvo(letter: str) -> bool:
@@ -106,6 +110,8 @@ def converted_config(config: LMConfig, kinds: str, settings: dict) -> LMConfig:
             f"conv_size={conv!r}: a model with conv_size={config.conv_size} keeps it (only a model without a "
             "convolution, conv_size=0, gets identity taps)"
         )
+    new_p = any(now == "P" != have for have, now in zip(config.layer_kinds, kinds))
+    settings = {"gate_bias_init": CONVERT_GATE_BIAS, **settings} if new_p else settings
     return dataclasses.replace(config, pattern=shortest_pattern(kinds), scan_layers=False, **settings)
 
 
@@ -119,7 +125,8 @@ def convert(model: LM, pattern_or_layers, mixer_letter: str = "P", *, seed: int 
     them (module docstring); `model` is unchanged. pattern_or_layers: a pattern over the mixer letters, repeated
     over the layers like LMConfig.pattern ('A' keeps a layer: "PPPA", "PA", "P"), or a list of layer indices that
     become `mixer_letter`. mixer_settings: LMConfig fields of the new mixers (`SETTINGS`: deg, gating,
-    gate_bias_init, chunk_size, retention_impl, window, conv_size from 0). seed: the fresh parameters of D and G.
+    gate_bias_init (default CONVERT_GATE_BIAS when a layer becomes P), chunk_size, retention_impl, window,
+    conv_size from 0). seed: the fresh parameters of D and G.
     The result has the source's form (scan_layers) when its pattern allows; an all-A pattern returns an equal model."""
     if not isinstance(model, LM):
         raise TypeError(f"model must be an LM, got {type(model).__name__}")

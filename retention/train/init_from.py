@@ -132,6 +132,8 @@ def check_init(cfg) -> None:
     distillation need init_from, ALL_BUT_CONVERTED and the layer term need init_convert."""
     if cfg.init_from is not None:
         check_source(cfg.init_from)
+    if cfg.model.name == "source" and cfg.init_from is None:
+        raise ValueError("model=source takes its model from init_from: set init_from=<source>:<folder>")
     if cfg.init_convert is not None and cfg.init_from is None:
         raise ValueError(f"init_convert={cfg.init_convert!r} converts an existing model: set init_from too")
     for glob in cfg.freeze:

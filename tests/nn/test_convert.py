@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from retention.nn import LM, LMConfig, convert
+from retention.nn.convert import CONVERT_GATE_BIAS
 from retention.nn.model import convert_layers
 
 SOURCE = LMConfig(vocab_size=64, d_model=32, n_layers=2, pattern="A", n_heads=4, n_kv_heads=2, head_dim=8)
@@ -86,6 +87,8 @@ def test_layer_lists_other_mixers_and_scanned_models(softmax_lm, tokens):
             pure(softmax_lm)["blocks"][1]["mixer"]["q_proj"]["kernel"],
         )
     assert convert(softmax_lm, "PP").config.pattern == "P"  # the shortest period
+    assert convert(softmax_lm, "PP").config.gate_bias_init == CONVERT_GATE_BIAS == 2.0
+    assert convert(softmax_lm, "A").config == SOURCE
     scanned = convert_layers(softmax_lm, True)
     converted = convert(scanned, "PA")
     assert converted.config.scan_layers and converted.config.pattern == "PA"

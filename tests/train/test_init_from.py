@@ -78,7 +78,9 @@ def test_bad_settings_are_refused(finished_run, tmp_path, more, match):
 def test_conversion_and_distillation_need_init_from(tmp_path):
     for more, match in [
         ("init_convert=PA", r"init_convert='PA' converts an existing model: set init_from"),
+        ("model=source", r"model=source takes its model from init_from"),
         ("distill.kl_weight=1", r"distill.kl_weight=1.0 / .* distil from the init_from model"),
     ]:
+        overrides = [o for o in TINY if not (more.startswith("model=") and o.startswith("model="))]
         with pytest.raises(ValueError, match=match):
-            train(compose_config([*TINY, more]), str(tmp_path / "x"))
+            train(compose_config([*overrides, more]), str(tmp_path / "x"))
