@@ -3,6 +3,7 @@ registry.py), the language model (model.py), its config (config.py) and its size
 
 from retention.nn.attention import Attention, AttentionCache
 from retention.nn.config import LMConfig
+from retention.nn.convert import convert
 from retention.nn.gated_deltanet import GatedDeltaNet
 from retention.nn.gla import GatedLinearAttention
 from retention.nn.mamba2 import Mamba2
@@ -28,6 +29,7 @@ __all__ = [
     "PowerRetention",
     "RetentionCache",
     "cache_bytes",
+    "convert",
     "count_params",
     "decode_cache_bytes",
     "flops_per_token",

@@ -28,6 +28,7 @@ from retention.data import TASKS, Dataset
 from retention.nn import LMConfig, size_config
 from retention.parallel import DEFAULT_RULES, check_rules
 from retention.train.convergence import METRIC_CHOICES
+from retention.train.init_from import check_init
 from retention.validation import check_choice, check_int, check_number
 
 
@@ -175,13 +176,34 @@ class MeshConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Distillation from the teacher (the init_from model as loaded, before init_convert, frozen): the loss adds
+    kl_weight * temperature^2 * KL(teacher || student) of the logits at `temperature` (mean over the labelled
+    positions) and layer_weight * the mean over the converted layers of the MSE between each one's output and the
+    output of the attention layer it replaced, on the teacher's input to that layer (LoLCATs). 0: off."""
+
+    kl_weight: float = 0.0
+    temperature: float = 1.0
+    layer_weight: float = 0.0
+
+
+@dataclass
 class Config:
+    """The run. init_from: start from an existing model ("run:DIR", a run folder or an export; its LMConfig is the
+    run's, model.* may change only what does not contradict it: retention/train/init_from.py), init_convert: a
+    pattern applied to it by `retention.nn.convert`, freeze: parameter-name globs (dotted key paths,
+    "blocks.0.mlp.*") kept fixed, or "all_but_converted"; distill: see DistillConfig."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = MISSING  # one of DATA_SCHEMAS, from the data group
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     seed: int = 0
+    init_from: str | None = None
+    init_convert: str | None = None
+    freeze: list[str] = field(default_factory=list)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 def check_folder_name(name: str, value) -> str:
@@ -310,6 +332,7 @@ def build(cfg: Config, run_dir: str | None = None) -> tuple[LMConfig, Dataset]:
     check_folder_name("model.name", cfg.model.name)
     check_optim_trainer(cfg.optim, cfg.trainer)
     check_rules(cfg.mesh.rules)
+    check_init(cfg)
     dataset = make_dataset(cfg.data, cfg.seed, run_dir)
     if cfg.trainer.early_stop.metric == "bits_per_byte" and cfg.data.task != "text":
         raise ValueError(f"trainer.early_stop.metric='bits_per_byte' is a text metric, the task is {cfg.data.task!r}")

@@ -13,6 +13,9 @@ counts on from it, and a converged run resumed again trains no further. summary.
 (`stop_reason`: "converged" or "steps", the cap), at which step, and where its eval curve crossed 0.5 and 0.9 of
 its final value.
 
+With init_from the run starts from an existing model, converted by init_convert, with frozen parameters and
+distillation from it (retention/train/init_from.py, retention/train/distill.py).
+
 The same loop runs on one device or many (retention/parallel): it joins a multi-host job when there is one,
 builds the `mesh` config's (data, fsdp, sequence, tensor) mesh over all devices, places the state and splits the
 batches by the config's logical-axis rules (`mesh.rules`); checkpoints restore onto the current mesh whichever
@@ -48,10 +51,12 @@ from retention.parallel import (
     state_shardings,
 )
 from retention.train.checkpoint import Checkpoints
-from retention.train.config import Config, build
+from retention.train.config import Config, ModelConfig, build
 from retention.train.convergence import DEFAULT_METRIC, EvalHistory
+from retention.train.distill import Distill
 from retention.train.evaluate import evaluate_scales
 from retention.train.hparams import metric_tags, run_hparams
+from retention.train.init_from import Start, check_start, freeze, frozen_labels, start_model
 from retention.train.lock import RunLock
 from retention.train.metrics import MetricsWriter, training_flops_per_token
 from retention.train.optimizer import make_optimizer
@@ -87,13 +92,17 @@ def train(cfg: Config, run_dir: str, *, hparams: dict | None = None, files: dict
     (train.py's .hydra/ files), so a refused launch changes none of them."""
     initialize_distributed(cfg.mesh.coordinator_address, cfg.mesh.num_processes, cfg.mesh.process_id)
     lm, dataset = build(cfg, run_dir)
+    origin = start_model(cfg, ModelConfig(), dataset.vocab_size) if cfg.init_from is not None else None
+    if origin is not None:
+        lm = origin.model.config
+        check_start(cfg, lm)
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor)
     rules = check_rules(cfg.mesh.rules)
     check_batch(cfg.data.batch_size, cfg.data.seq_len, mesh, rules=rules)
     check_heads_split(lm.n_heads, lm.n_kv_heads, mesh, rules)
     lock = "train.lock" if jax.process_count() == 1 else f"train.{jax.process_index()}.lock"
     with RunLock(run_dir, lock):
-        return _train(cfg, run_dir, lm, dataset, mesh, rules, hparams or {}, files or {})
+        return _train(cfg, run_dir, lm, dataset, mesh, rules, hparams or {}, files or {}, origin)
 
 
 @dataclasses.dataclass
@@ -141,10 +150,10 @@ def eval_history(cfg: Config, saved: dict) -> EvalHistory:
     return EvalHistory(metric, rule.patience, rule.min_delta, rule.min_step, saved)
 
 
-def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardings, record: dict, init_state):
+def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardings, record: dict, init_state, params):
     """(start step, state, saved progress, the steps of the damaged checkpoints it starts over without): the
-    newest good checkpoint of this run, else a fresh state made in its shardings. ValueError when trainer.steps is
-    below the newest checkpoint; RunMismatch for another run's."""
+    newest good checkpoint of this run, else a fresh state made in its shardings (`init_state(params)`).
+    ValueError when trainer.steps is below the newest checkpoint; RunMismatch for another run's."""
     steps, listed = cfg.trainer.steps, ckpt.steps()
     if listed and listed[-1] > steps:
         raise ValueError(
@@ -161,7 +170,7 @@ def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardi
                 "from step 0 (run.json records this under started_over)",
                 *(ckpt.directory, listed, ckpt.directory),
             )
-        return 0, jax.jit(init_state, out_shardings=shardings)(), {}, listed
+        return 0, jax.jit(init_state, out_shardings=shardings)(params), {}, listed
     log.info("resumed from the checkpoint at step %d in %s", restored.step, ckpt.directory)
     if (before := restored.record["config"]["trainer"]["steps"]) != steps:
         log.warning(
@@ -170,7 +179,7 @@ def _resume(ckpt: Checkpoints, cfg: Config, run_dir: str, abstract_state, shardi
     return restored.step, restored.state, restored.progress, []
 
 
-def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, files: dict[str, str]) -> dict:
+def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, files: dict[str, str], origin) -> dict:
     T, B, steps = cfg.data.seq_len, cfg.data.batch_size, cfg.trainer.steps
     abstract_model = nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(cfg.seed)))  # shapes only
     n_params = abstract_model.param_count()
@@ -180,8 +189,11 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, f
     }
     graphdef = nnx.graphdef(abstract_model)
     tx, schedule = make_optimizer(cfg.optim, steps)
+    initial = None if origin is None else nnx.state(origin.model)  # the run's first parameters (None: fresh)
+    if cfg.freeze:
+        tx = freeze(tx, frozen_labels(nnx.state(abstract_model), cfg.freeze, origin.converted if origin else ()))
     init_state = make_init(lm, tx, cfg.seed)
-    abstract_state = jax.eval_shape(init_state)
+    abstract_state = jax.eval_shape(init_state, initial)
     shardings = state_shardings(abstract_state, mesh, rules)  # each leaf by its logical axes' rules
     primary = jax.process_index() == 0  # one process writes the record, the events and the summary
     fingerprints = dataset.fingerprints() if hasattr(dataset, "fingerprints") else None  # text: tokenizer, corpus
@@ -195,7 +207,7 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, f
         ckpt = Checkpoints(os.path.join(run_dir, "checkpoints"), every=every, keep=keep, record=record)
         stack.callback(ckpt.close)  # waits for the pending saves
         start, state, saved_progress, damaged = _resume(
-            ckpt, cfg, run_dir, abstract_state, shardings, record, init_state
+            ckpt, cfg, run_dir, abstract_state, shardings, record, init_state, initial
         )
         started_over = (saved or {}).get("started_over", [])  # kept across restarts: the run's history
         if damaged:
@@ -224,19 +236,27 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, f
         stopped = history.stopped_step()  # a run the rule stopped has nothing left to train
         traces, compile_s, final = TraceCount(), None, steps if stopped is None else max(stopped, start)
         if start < final:
+            distill, teacher, teacher_shardings = _distillation(cfg, origin, mesh, rules)
             train_step = make_train_step(
-                graphdef, tx, traces, mesh=mesh, state_shardings=shardings, batch_sharding=batches, rules=rules
+                *(graphdef, tx, traces),
+                mesh=mesh,
+                state_shardings=shardings,
+                batch_sharding=batches,
+                rules=rules,
+                distill=distill,
+                teacher_shardings=teacher_shardings,
             )
             batch_shape = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=batches),
                 device_batch(dataset.batch(start), np.asarray),
             )
             t0 = time.perf_counter()
-            compiled = train_step.lower(state, batch_shape).compile()  # compile time apart from step time
+            compiled = train_step.lower(state, batch_shape, *teacher).compile()  # compile time apart from step time
             compile_s = time.perf_counter() - t0
             log.info("compiled the train step in %.1f s", compile_s)
             writer.scalars(start, {"compile_s": compile_s}, "perf")
-            state, final = _loop(session, compiled, state, start)
+            step_fn = compiled if not teacher else functools.partial(_with_teacher, compiled, teacher)
+            state, final = _loop(session, step_fn, state, start)
         if traces.count > 1:
             log.error(
                 "the train step was traced %d times: a retrace (changing shapes, dtypes or static args)", traces.count
@@ -274,6 +294,23 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, f
         write_json(os.path.join(run_dir, "summary.json"), summary)
     log.info("summary: %s", summary)
     return summary
+
+
+def _distillation(cfg: Config, origin: Start | None, mesh, rules) -> tuple[Distill | None, tuple, object]:
+    """(the train step's Distill, its extra arguments: the teacher's parameters placed on the mesh, or (), their
+    shardings) for cfg.distill: none unless a weight is > 0 (the config check ties distill to init_from)."""
+    d = cfg.distill
+    if origin is None or not (d.kl_weight or d.layer_weight):
+        return None, (), None
+    graphdef, params = nnx.split(origin.teacher)
+    placed = state_shardings(params, mesh, rules)
+    distill = Distill(d.kl_weight, d.temperature, d.layer_weight, graphdef, origin.converted)
+    return distill, (jax.device_put(params, placed),), placed
+
+
+def _with_teacher(compiled, teacher: tuple, state, batch):
+    """The compiled distillation step on (state, batch) with the teacher's parameters."""
+    return compiled(state, batch, *teacher)
 
 
 def _loop(session: Session, compiled, state, start: int):

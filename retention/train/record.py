@@ -20,6 +20,7 @@ from retention.nn import LMConfig
 from retention.train.config import (
     DATA_SCHEMAS,
     Config,
+    DistillConfig,
     EarlyStopConfig,
     MeshConfig,
     ModelConfig,
@@ -57,6 +58,10 @@ def config_from_dict(d: dict) -> Config:
         trainer=TrainerConfig(**trainer),
         mesh=MeshConfig(**d["mesh"]),
         seed=d["seed"],
+        init_from=d.get("init_from"),  # a record older than init_from: a run from scratch
+        init_convert=d.get("init_convert"),
+        freeze=list(d.get("freeze", [])),
+        distill=DistillConfig(**d.get("distill", {})),
     )
 
 

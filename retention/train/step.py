@@ -19,6 +19,7 @@ from jaxtyping import Array, Float, Int
 from retention.data import IGNORE, Batch
 from retention.nn import LM, LMConfig
 from retention.parallel import DEFAULT_RULES
+from retention.train.distill import Distill, kl_sum, teacher_pass
 
 
 class TraceCount:
@@ -80,11 +81,13 @@ def ratios(sums: dict) -> dict[str, float]:
 
 
 def make_init(lm: LMConfig, tx: optax.GradientTransformation, seed: int):
-    """A function of no arguments making the train state {params, opt_state, step} of LM(lm) with nnx.Rngs(seed):
-    jit it with out_shardings to make a sharded state in place, or jax.eval_shape it for the shapes."""
+    """A function init(params=None) making the train state {params, opt_state, step} from `params` (a model's
+    state: a run from an existing model) or, None, of LM(lm) with nnx.Rngs(seed): jit it with out_shardings to
+    make a sharded state in place, or jax.eval_shape it for the shapes."""
 
-    def init():
-        params = nnx.state(LM(lm, rngs=nnx.Rngs(seed)))
+    def init(params=None):
+        if params is None:
+            params = nnx.state(LM(lm, rngs=nnx.Rngs(seed)))
         return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
     return init
@@ -119,34 +122,53 @@ def make_train_step(
     state_shardings=None,
     batch_sharding: NamedSharding | None = None,
     rules=DEFAULT_RULES,
+    distill: Distill | None = None,
+    teacher_shardings=None,
 ):
     """jit(state, batch) -> (new state, {loss, accuracy, grad_norm}); state donated; batch from `device_batch`.
 
+    With `distill` the step is jit(state, batch, teacher parameters): the loss adds distill.kl_weight times the
+    mean KL(teacher || student) over the labelled positions (`kl_sum`) and distill.layer_weight times the layer
+    term (`teacher_pass`), the teacher's forward running inside the step; the metrics add ce (the
+    cross-entropy), kl and layer_mse.
+
     With a mesh (retention/parallel): the step runs under it and the logical-axis `rules`, the state stays in
-    `state_shardings` (in and out) and the batch comes in `batch_sharding`; XLA inserts the collectives. The model
-    code is the same.
+    `state_shardings` (in and out), the batch comes in `batch_sharding` (and the teacher's parameters in
+    `teacher_shardings`); XLA inserts the collectives. The model code is the same.
     """
 
-    def train_step(state, batch):
+    def train_step(state, batch, teacher=None):
         traces.count += 1
 
         def loss_fn(params):
-            sums = masked_sums(batch_logits(nnx.merge(graphdef, params), batch), batch["targets"])
-            return sums["nll"] / jnp.maximum(sums["labels"], 1.0), sums
+            model = nnx.merge(graphdef, params)
+            logits = batch_logits(model, batch)
+            sums = masked_sums(logits, batch["targets"])
+            labels = jnp.maximum(sums["labels"], 1.0)
+            ce = sums["nll"] / labels
+            if distill is None:
+                return ce, (sums, {})
+            layers = distill.layers if distill.layer_weight else ()
+            teacher_logits, mse = teacher_pass(nnx.merge(distill.teacher, teacher), model, batch, layers)
+            mask = batch["targets"] != IGNORE
+            kl = kl_sum(teacher_logits, logits, mask, distill.temperature) / labels
+            loss = ce + distill.kl_weight * kl + distill.layer_weight * mse
+            return loss, (sums, {"ce": ce, "kl": kl, "layer_mse": jnp.asarray(mse, jnp.float32)})
 
-        (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        (loss, (sums, terms)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
             "loss": loss,
             "accuracy": sums["correct"] / jnp.maximum(sums["labels"], 1.0),
             "grad_norm": optax.tree.norm(grads),
+            **terms,
         }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     if mesh is None:
         return jax.jit(train_step, donate_argnums=0)
-    shardings = (state_shardings, batch_sharding)
+    shardings = (state_shardings, batch_sharding) + ((teacher_shardings,) if distill is not None else ())
     return under_mesh(
         jax.jit(train_step, donate_argnums=0, in_shardings=shardings, out_shardings=(state_shardings, None)),
         mesh,
