@@ -118,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     register_configs()
     folder = teacher_run(args.root, args.steps)
-    teacher, cfg = load_run(folder)
+    teacher, cfg, _ = load_run(folder)
     _, dataset = build(cfg, folder)
     results = {}
     saved = {}

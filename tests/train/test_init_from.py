@@ -35,8 +35,8 @@ def test_fine_tune_a_converted_run(finished_run, tmp_path):
     summary = train(compose_config(overrides), str(tmp_path / "ft"))
     assert summary["layer_kinds"] == "PP" and np.isfinite(summary["final_loss"])
     assert {"train/ce", "train/kl", "train/layer_mse"} <= event_tags(tmp_path / "ft" / "tb")
-    teacher, _ = load_run(str(finished_run.folder))
-    model, cfg = load_run(str(tmp_path / "ft"))
+    teacher = load_run(str(finished_run.folder)).model
+    model, cfg, _ = load_run(str(tmp_path / "ft"))
     assert cfg.init_convert == "P" and cfg.distill.layer_weight == 1.0
     assert (model.config.pattern, model.config.conv_size, model.config.d_model) == ("P", 4, 16)
     old = {param_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(teacher))}
