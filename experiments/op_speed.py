@@ -243,6 +243,7 @@ def main(argv=None):
     parser.add_argument("--matrix-state-ops", nargs="*", default=list(MATRIX_STATE_OPS), choices=MATRIX_STATE_OPS)
     parser.add_argument("--skip-decode", action="store_true", help="time training only")
     parser.add_argument("--merge", action="store_true", help="keep the JSON's rows; add the rows it does not have")
+    parser.add_argument("--note", default="", help="the machine's state (e.g. pinned to one core, shared), recorded")
     parser.add_argument("--out", default="results/op_speed.json")
     args = parser.parse_args(argv)
     for name in ("batch", "heads", "head_dim", "repeats", "decode_tokens"):
@@ -264,6 +265,7 @@ def main(argv=None):
     machine = dict(
         backend=jax.default_backend(), devices=[str(x) for x in jax.devices()], cpus=os.cpu_count(), jax=jax.__version__
     )
+    machine.update(usable_cpus=len(os.sched_getaffinity(0)), note=args.note)
     result = dict(machine=machine, config=vars(args), matmul_gflops=peak, rows=rows)
     if args.merge and os.path.exists(args.out):
         with open(args.out) as f:

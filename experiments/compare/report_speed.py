@@ -113,7 +113,8 @@ def op_section(op: dict) -> list[str]:
         "## The op alone (experiments/op_speed.py)",
         "",
         f"One layer's mixer, B={cfg['batch']}, H={cfg['heads']}, d={cfg['head_dim']}, float32, forward+backward; "
-        f"matmul rate {rate:.0f} GFLOP/s on {op['machine']['backend']} ({op['machine'].get('cpus', '?')} cores).",
+        f"matmul rate {rate:.0f} GFLOP/s on {op['machine']['backend']} "
+        f"({op['machine'].get('usable_cpus', op['machine'].get('cpus', '?'))} cores). {op['machine'].get('note', '')}",
         "",
         md_table([*header, "softmax / power", "power % of matmul rate"], rows),
         "",
