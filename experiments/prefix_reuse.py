@@ -36,15 +36,17 @@ KINDS = {
 }
 
 
-def measure(model: LM, prefix_len: int, requests: int, suffix_len: int, new: int, repeats: int = 3) -> dict:
-    """Seconds to first token and in all, per request, recomputing the prefix or continuing a snapshot of it
-    (medians of `repeats` timed runs after a compiling one)."""
+def measure(
+    model: LM, prefix_len: int, requests: int, suffix_len: int, new: int, repeats: int = 3, recompute: bool = True
+) -> dict:
+    """Seconds to first token and in all, per request, recomputing the prefix (unless `recompute` is False: None)
+    or continuing a snapshot of it (medians of `repeats` timed runs after a compiling one)."""
     key = jax.random.key(prefix_len)
     prefix = jax.random.randint(key, (1, prefix_len), 0, BASE.vocab_size, dtype=jnp.int32)
     suffixes = jax.random.randint(jax.random.fold_in(key, 1), (requests, 1, suffix_len), 0, BASE.vocab_size)
     suffixes = suffixes.astype(jnp.int32)
     full = lambda s: jnp.concatenate([prefix, s], axis=1)
-    recompute = lambda n: [generate(model, full(s), n, temperature=0.0).tokens.block_until_ready() for s in suffixes]
+    run_all = lambda n: [generate(model, full(s), n, temperature=0.0).tokens.block_until_ready() for s in suffixes]
     snapshot = prefill(model, prefix, max_len=prefix_len + suffix_len + new)
     from_snapshot = lambda n: [
         generate(model, s, n, temperature=0.0, start=snapshot).tokens.block_until_ready() for s in suffixes
@@ -57,9 +59,11 @@ def measure(model: LM, prefix_len: int, requests: int, suffix_len: int, new: int
         "prefix_len": prefix_len,
         "bytes_per_cached_prefix": snapshot_bytes(snapshot),
         "recompute": {
-            "ttft_s": median_seconds(recompute, 1, repeats=repeats) / requests,
-            "total_s": median_seconds(recompute, new, repeats=repeats) / requests,
-        },
+            "ttft_s": median_seconds(run_all, 1, repeats=repeats) / requests,
+            "total_s": median_seconds(run_all, new, repeats=repeats) / requests,
+        }
+        if recompute
+        else None,
         "snapshot": {
             "prefill_once_s": prefill_s,
             "ttft_s": median_seconds(from_snapshot, 1, repeats=repeats) / requests,
@@ -75,7 +79,13 @@ def plot(results: dict, path: Path) -> None:
         lengths = [r["prefix_len"] for r in rows]
         bytes_ax.plot(lengths, [r["bytes_per_cached_prefix"] for r in rows], marker="o", label=kind)
         ttft_ax.plot(lengths, [r["snapshot"]["ttft_s"] * 1e3 for r in rows], marker="o", label=f"{kind} snapshot")
-        ttft_ax.plot(lengths, [r["recompute"]["ttft_s"] * 1e3 for r in rows], ls="--", label=f"{kind} recompute")
+        timed = [r for r in rows if r["recompute"]]
+        ttft_ax.plot(
+            [r["prefix_len"] for r in timed],
+            [r["recompute"]["ttft_s"] * 1e3 for r in timed],
+            ls="--",
+            label=f"{kind} recompute",
+        )
     for ax, title in ((bytes_ax, "bytes per cached prefix"), (ttft_ax, "time to first token (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -94,6 +104,11 @@ def main(argv=None):
     parser.add_argument("--suffix", type=int, default=32, help="tokens each request adds (the issue's: 128)")
     parser.add_argument("--new", type=int, default=8, help="tokens each request generates (the issue's: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per median, after a compiling one")
+    parser.add_argument(
+        "--recompute-max",
+        type=int,
+        help="longest prefix whose per-request recompute is timed (longer: the snapshot path only, recompute None)",
+    )
     parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="models to measure")
     parser.add_argument(
         "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
@@ -104,7 +119,10 @@ def main(argv=None):
     for kind in args.kinds:
         fields = KINDS[kind]
         model = LM(dataclasses.replace(BASE, **fields), rngs=nnx.Rngs(0))
-        results[kind] = [measure(model, n, args.requests, args.suffix, args.new, args.repeats) for n in args.lengths]
+        recompute = lambda n: args.recompute_max is None or n <= args.recompute_max
+        results[kind] = [
+            measure(model, n, args.requests, args.suffix, args.new, args.repeats, recompute(n)) for n in args.lengths
+        ]
         for row in results[kind]:
             print(kind, json.dumps(row))
     out = Path(args.out)
@@ -114,9 +132,8 @@ def main(argv=None):
         "cpus": os.cpu_count(),
         "note": args.note,
     }
-    setup = dict(
-        config=dataclasses.asdict(BASE), requests=args.requests, suffix=args.suffix, new=args.new, repeats=args.repeats
-    )
+    setup = dict(config=dataclasses.asdict(BASE), requests=args.requests, suffix=args.suffix, new=args.new)
+    setup.update(repeats=args.repeats, recompute_max=args.recompute_max)
     out.write_text(json.dumps({"machine": machine, "setup": setup, "results": results}, indent=1) + "\n")
     plot(results, out.with_suffix(".png"))
 
