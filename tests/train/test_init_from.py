@@ -67,7 +67,7 @@ def test_fine_tune_a_converted_run(finished_run, tmp_path):
         (["distill.kl_weight=-1"], r"distill.kl_weight must be .*-1"),
         (["distill.temperature=0"], r"distill.temperature must be"),
         (["distill.layer_weight=1"], r"distill.layer_weight=1.0 compares converted layers .* set init_convert"),
-        (["init_from=hub:x"], r"init_from must be <source>:<folder> with a source of \['run'\], got 'hub:x'"),
+        (["init_from=hub:x"], r"init_from must be <source>:<folder> with a source of \['hf', 'run'\], got 'hub:x'"),
     ],
 )
 def test_bad_settings_are_refused(finished_run, tmp_path, more, match):
