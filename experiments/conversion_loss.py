@@ -17,13 +17,10 @@ import json
 import os
 
 from flax import nnx
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from experiments.hydra_run import train_once
 from retention import load_run
-from retention.configs import CONFIG_DIR
 from retention.nn import convert
-from retention.train import train
 from retention.train.config import build, register_configs
 from retention.train.evaluate import evaluate
 from retention.train.step import make_eval_step
@@ -76,10 +73,7 @@ VARIANTS = {
 def teacher_run(root: str, steps: int) -> str:
     """The teacher's run folder, trained unless its summary.json is there."""
     folder = os.path.join(root, "teacher")
-    if not os.path.exists(os.path.join(folder, "summary.json")):
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = OmegaConf.to_object(compose("config", overrides=[*TEACHER, f"trainer.steps={steps}"]))
-        train(cfg, folder)
+    train_once(folder, [*TEACHER, f"trainer.steps={steps}"])
     return folder
 
 
@@ -95,14 +89,9 @@ def fine_tune(root: str, teacher: str, name: str, steps: int) -> dict:
     summary's held-out loss at T and 4T and its first training loss."""
     pattern, more = FINE_TUNES[name]
     folder = os.path.join(root, "fine_tune", name.replace(" ", "").replace(",", "_").replace("+", "_"))
-    if not os.path.exists(os.path.join(folder, "summary.json")):
-        base = [o for o in TEACHER if not o.startswith("model")] + ["model=source", "optim.lr=1e-3"]
-        tail = ["optim.warmup_steps=10", f"init_from=run:{teacher}", f"init_convert={pattern}", *more]
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            cfg = OmegaConf.to_object(compose("config", overrides=[*base, f"trainer.steps={steps}", *tail]))
-        train(cfg, folder)
-    with open(os.path.join(folder, "summary.json")) as f:
-        summary = json.load(f)
+    base = [o for o in TEACHER if not o.startswith("model")] + ["model=source", "optim.lr=1e-3"]
+    tail = ["optim.warmup_steps=10", f"init_from=run:{teacher}", f"init_convert={pattern}", *more]
+    summary = train_once(folder, [*base, f"trainer.steps={steps}", *tail])
     T = summary["seq_len"]
     loss = {f"loss@{s}T": summary["eval"][str(s * T)]["loss"] for s in (1, 4)}
     return {"steps": steps, **loss, "first_train_loss": summary["initial_loss"]}

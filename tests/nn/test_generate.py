@@ -139,15 +139,14 @@ def test_prompt_ids_outside_the_vocabulary_are_refused(bad):
 
 @pytest.mark.parametrize("pattern", [*(pytest.param(p, marks=pytest.mark.slow) for p in ("P", "A", "PW", "W")), "PA"])
 def test_ragged_prompts_shorter_than_the_convolution_generate_as_alone(pattern):
-    """conv_size 4: prompts of 1 token (fewer than conv_size - 1) left-padded, and prompt_lengths [1, 5, 9, 13] in
-    one batch: each row's greedy tokens equal its prompt generated alone, token for token (the padding never
+    """conv_size 4: prompt_lengths [1, 5, 9, 13] in one batch, left-padded (row 0: 1 token, fewer than
+    conv_size - 1): each row's greedy tokens equal its prompt generated alone, token for token (the padding never
     reaches a prompt through the convolution's cache)."""
     config = dataclasses.replace(CONFIG, pattern=pattern, n_layers=max(2, len(pattern)), conv_size=4)
     model = LM(config, rngs=nnx.Rngs(21))
     prompt = jax.random.randint(jax.random.key(22), (4, 13), 0, CONFIG.vocab_size, dtype=jnp.int32)
-    for lengths in ([1], [1, 5, 9, 13]):
-        batch = prompt[: len(lengths)]
-        out = generate(model, batch, 6, prompt_lengths=jnp.asarray(lengths, jnp.int32), temperature=0.0).tokens
-        for b, n in enumerate(lengths):
-            alone = generate(model, batch[b : b + 1, 13 - n :], 6, temperature=0.0).tokens
-            assert out[b, 13:].tolist() == alone[0, n:].tolist(), (pattern, lengths, b)
+    lengths = [1, 5, 9, 13]
+    out = generate(model, prompt, 6, prompt_lengths=jnp.asarray(lengths, jnp.int32), temperature=0.0).tokens
+    for b, n in enumerate(lengths):
+        alone = generate(model, prompt[b : b + 1, 13 - n :], 6, temperature=0.0).tokens
+        assert out[b, 13:].tolist() == alone[0, n:].tolist(), (pattern, lengths, b)
