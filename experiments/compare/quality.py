@@ -193,9 +193,27 @@ def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, 
     return left
 
 
-def collect(preset: Preset, runs: Path) -> dict:
+def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
     """Everything the report needs from the run folders: each task's facts, each entry's layers, and every run's
-    record, summary and test eval (None where not yet made)."""
+    record, summary and test eval (None where not yet made). `previous` (the quality.json this one replaces) fills
+    in the runs whose folders are gone (`carry_over`)."""
+    every = [*sweep_runs(preset), *extension_runs(preset, runs), *(best_runs(preset, runs) or [])]
+    candidates = {(r.task, r.entry, r.lr, r.seed): r for r in every}
+    records = {}
+    for key, run in candidates.items():
+        folder = run.folder(runs)
+        records[key] = {
+            **run.fields(),
+            "folder": str(folder),
+            "record": read_json(folder / RECORD),
+            "summary": read_json(folder / SUMMARY),
+            "test": read_json(folder / TEST),
+        }
+    records.update(carry_over(preset, records, previous))
+    carried = {}  # (task, entry) -> the learning rates of its carried runs
+    for r in records.values():
+        if r.get("carried_over"):
+            carried.setdefault((r["task"], r["entry"]), set()).add(r["lr"])
     tasks = {}
     for task, spec in preset.tasks.items():
         cfg = compose_config(run_overrides(preset, Run(task, "power", spec.lrs[0], spec.seeds[0])))
@@ -212,7 +230,11 @@ def collect(preset: Preset, runs: Path) -> dict:
             "lrs": list(spec.lrs),
             "seeds": list(spec.seeds),
             "entries": list(preset.task_entries(task)),
-            "entry_lrs": {e: list(entry_lrs(preset, runs, task, e)) for e in configs if preset.entries[e].trained},
+            "entry_lrs": {
+                e: sorted({*entry_lrs(preset, runs, task, e), *carried.get((task, e), ())})
+                for e in configs
+                if preset.entries[e].trained
+            },
             "cache_bytes": {e: lm_cache_bytes(c, cfg.data.seq_len) for e, c in configs.items()},
             "cache_bytes_by_length": {  # a frontier task's x axis at each test length (a KV cache grows with it)
                 e: {str(L): lm_cache_bytes(c, L) for L in lengths} for e, c in configs.items()
@@ -220,24 +242,32 @@ def collect(preset: Preset, runs: Path) -> dict:
             if task in preset.frontier_tasks
             else {},
         }
-    records = []
-    every = [*sweep_runs(preset), *extension_runs(preset, runs), *(best_runs(preset, runs) or [])]
-    candidates = {(r.task, r.entry, r.lr, r.seed): r for r in every}
-    for run in candidates.values():
-        folder = run.folder(runs)
-        records.append(
-            {
-                **run.fields(),
-                "folder": str(folder),
-                "record": read_json(folder / RECORD),
-                "summary": read_json(folder / SUMMARY),
-                "test": read_json(folder / TEST),
-            }
-        )
     entries = {
         name: {"group": e.group, "base": e.base, "change": e.change, "kv_cache_bits": e.kv_cache_bits}
         for name, e in preset.entries.items()
     }
     roles = {"headline": list(preset.headline), "ablations": list(preset.ablations), "frontier": list(preset.frontier)}
     roles["frontier_tasks"] = list(preset.frontier_tasks)
-    return {"tasks": tasks, "entries": entries, "roles": roles, "runs": records, "runs_dir": str(runs)}
+    runs_list = list(records.values())
+    return {"tasks": tasks, "entries": entries, "roles": roles, "runs": runs_list, "runs_dir": str(runs)}
+
+
+def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
+    """{(task, entry, lr, seed): record} of `previous`'s runs to keep: those of each task with no finished run
+    among `records` (its folders are gone, or it has not run here), each one only when its compare.json overrides
+    are the ones the preset gives that run today, so a run made with another recipe is never carried. A task is
+    read whole from its folders or whole from `previous`, never mixed (its best learning rate is one sweep's).
+    Marked `carried_over: true`; its folder, TensorBoard curve and checkpoints may be gone (summary.json keeps the
+    eval curve). This keeps a committed quality.json's results when a later call runs other tasks on a machine
+    without the earlier runs' folders."""
+    found = {r["task"] for r in records.values() if r["summary"] is not None or r["test"] is not None}
+    out = {}
+    for old in (previous or {}).get("runs", []):
+        key = (old["task"], old["entry"], old["lr"], old["seed"])
+        task, entry = key[0], key[1]
+        if task in found or task not in preset.tasks or entry not in preset.task_entries(task):
+            continue
+        overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
+        if overrides == run_overrides(preset, Run(*key)):
+            out[key] = {**old, "carried_over": True}
+    return out

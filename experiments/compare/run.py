@@ -103,7 +103,8 @@ def main(argv=None):
         if not args.report_only:
             left = run_stages(preset, runs, part, only)
             print("jobs left to other parts, filtered out or waiting for sweeps:", json.dumps(left))
-        write_json(data / "quality.json", {**meta, **collect(preset, runs)})
+        previous = read_json(data / "quality.json")  # its tasks without run folders here are carried over
+        write_json(data / "quality.json", {**meta, **collect(preset, runs, previous)})
     recipes = {m: speed_recipe(m, preset) for m in preset.speed.models} if preset.speed else None
     write_report(data, report, speed_recipes=recipes)
     print(f"wrote {report}; TensorBoard for the training runs: tensorboard --logdir {runs}")

@@ -131,6 +131,51 @@ def test_finished_runs_are_reused_not_retrained(tmp_path, monkeypatch):
         run_stages(FAKE, tmp_path, part=(k, 2))
 
 
+CARRY = dataclasses.replace(  # two entries on one task
+    FAKE,
+    entries={k: FAKE.entries[k] for k in ("softmax", "power")},
+    headline=("softmax", "power"),
+    ablations=(),
+    frontier=(),
+    frontier_tasks=(),
+)
+
+
+def fake_run(runs, preset, run: Run, accuracy: float) -> None:
+    """A finished run's folder: its summary and its compare.json with the overrides the preset gives it."""
+    fake_summary(run.folder(runs), accuracy)
+    overrides = [*run_overrides(preset, run), "trainer.peak_flops=1"]
+    (run.folder(runs) / RECORD).write_text(json.dumps({**run.fields(), "overrides": overrides}))
+
+
+def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tmp_path):
+    """The runs of a task none of whose folders is here come from the previous quality.json, marked, with the
+    learning rates they were run at; never when the preset's recipe for the run changed since, and never mixed
+    with a task's runs found in folders."""
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    for run in stage_jobs(CARRY, runs, "sweep"):
+        fake_run(runs, CARRY, run, 0.8 if run.lr == 3e-3 else 0.5)
+    for run in stage_jobs(CARRY, runs, "seeds"):
+        fake_run(runs, CARRY, run, 0.7)
+    first = collect(CARRY, runs)
+    finished = {(r["task"], r["entry"], r["lr"], r["seed"]): r for r in first["runs"] if r["summary"]}
+    assert len(finished) == 2 * 3 + 2  # softmax and power: three lrs, then the second seed at 3e-3
+    assert not [r for r in collect(CARRY, elsewhere)["runs"] if r["summary"]]  # nothing without `previous`
+    second = collect(CARRY, elsewhere, previous=first)
+    carried = {(r["task"], r["entry"], r["lr"], r["seed"]): r for r in second["runs"] if r["summary"]}
+    assert carried.keys() == finished.keys() and all(r["carried_over"] for r in carried.values())
+    assert all(carried[k]["summary"] == finished[k]["summary"] for k in finished)
+    assert second["tasks"]["mqar"]["entry_lrs"] == first["tasks"]["mqar"]["entry_lrs"]
+    task = dataclasses.replace(
+        CARRY.tasks["mqar"], overrides=with_overrides(CARRY.tasks["mqar"].overrides, "trainer.steps=7")
+    )
+    longer = dataclasses.replace(CARRY, tasks={"mqar": task})
+    assert not [r for r in collect(longer, elsewhere, previous=first)["runs"] if r["summary"]]  # another recipe
+    fake_run(elsewhere, CARRY, Run("mqar", "power", 1e-3, 0), 0.1)  # the task ran here: read from its folders
+    mixed = [r for r in collect(CARRY, elsewhere, previous=first)["runs"] if r["summary"]]
+    assert [(r["entry"], r["lr"], r.get("carried_over")) for r in mixed] == [("power", 1e-3, None)]
+
+
 TINY_TASK = Task(
     "mqar",
     SMOKE.tasks["mqar"].overrides,
