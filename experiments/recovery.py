@@ -22,12 +22,14 @@ import argparse
 import json
 import os
 from pathlib import Path
+from statistics import mean
 
 from flax import nnx
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from experiments.compare.convergence import learning_curve
+from experiments.compare.runs import train_loss_curve
 from experiments.formatting import md_table
 from experiments.hydra_run import train_once
 from experiments.plotting import save
@@ -131,6 +133,7 @@ def main() -> None:
             scratch_run(args.root, pattern, steps + tune_steps, args.evals)
         return
     teacher = point(train_once(teacher_dir, [*TEACHER, f"trainer.steps={steps}"]))
+    teacher["train_loss"] = [[step, loss] for step, _, loss in train_loss_curve(Path(teacher_dir) / "tb")]
     print(f"teacher: {teacher['bpb@1x']:.4f} bpb at T", flush=True)
     record = {
         "recipe": {
@@ -212,21 +215,32 @@ def report(record: dict, figure: str) -> str:
 
 
 def reading(record: dict) -> str:
-    """One line per pattern, from the numbers: the better fine-tune against the teacher and the from-scratch run."""
+    """One line for the teacher (did its training loss still fall?) and one per pattern, from the numbers: the
+    better fine-tune against the teacher and the from-scratch run, and whether that run was still learning."""
     teacher = record["teacher"]
     lines = []
+    if teacher.get("train_loss"):
+        steps = teacher["train_loss"][-1][0]
+        window = lambda lo, hi: mean([loss for step, loss in teacher["train_loss"] if lo * steps < step <= hi * steps])
+        half, end = window(0.4, 0.5), window(0.9, 1.0)
+        lines.append(
+            f"- The teacher's training loss (the mean of its logged values) was {half:.3f} at 40-50% of its "
+            f"{steps} steps and {end:.3f} at 90-100%: {'still falling' if end < half - 0.02 else 'flat'}."
+        )
     for pattern, e in record["patterns"].items():
         mode, best = min(e["fine_tuned"].items(), key=lambda item: item[1]["bpb@1x"])
         share = best["tokens"] / teacher["tokens"]
         gap = best["bpb@1x"] - teacher["bpb@1x"]
         scratch = e["scratch"]["bpb@1x"] - best["bpb@1x"]
+        curve = e["scratch"]["curve"]
+        still = f", its held-out bpb still falling by {curve[-2][1] - curve[-1][1]:.3f} over its last eval interval"
         lines.append(
             f"- {pattern}: after {share:.0%} of the teacher's tokens the better fine-tune ({mode}) is "
             f"{abs(gap):.3f} bpb {'above' if gap > 0 else 'below'} the teacher at T "
             f"({recovered(e['converted']['bpb@1x'], best['bpb@1x'], teacher['bpb@1x']):.0%} of the conversion's loss "
             f"won back), and {abs(scratch):.3f} bpb {'better' if scratch > 0 else 'worse'} than {pattern} trained from "
-            f"scratch on the same total tokens; at {LONG}T it is {best[f'bpb@{LONG}x']:.3f} against the teacher's "
-            f"{teacher[f'bpb@{LONG}x']:.3f}."
+            f"scratch on the same total tokens{still if len(curve) > 1 else ''}; at {LONG}T it is "
+            f"{best[f'bpb@{LONG}x']:.3f} against the teacher's {teacher[f'bpb@{LONG}x']:.3f}."
         )
     return "\n".join(lines)
 

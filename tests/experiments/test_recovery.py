@@ -16,7 +16,7 @@ def entry(bpb: float, tokens: int, curve=()) -> dict:
 
 RECORD = {
     "recipe": {"teacher": ["model=softmax", "trainer.steps=100"], "tokens_per_step": 4096},
-    "teacher": entry(2.0, 400_000),
+    "teacher": {**entry(2.0, 400_000), "train_loss": [[s, 3.0 - s / 100] for s in range(10, 101, 10)]},
     "patterns": {
         "PA": {
             "converted": {"layer_kinds": "PAPA", **entry(3.0, 0)},
@@ -53,4 +53,6 @@ def test_report_rows_and_reading_say_the_numbers(tmp_path):
     line = reading(RECORD)
     assert "after 10% of the teacher's tokens the better fine-tune (KL) is 0.250 bpb above the teacher" in line
     assert "(75% of the conversion's loss won back), and 0.150 bpb better than PA trained from scratch" in line
+    assert "its held-out bpb still falling by 0.500 over its last eval interval" in line
+    assert "was 2.500 at 40-50% of its 100 steps and 2.000 at 90-100%: still falling" in line
     assert plot(RECORD, tmp_path / "recovery.png") == "recovery.png" and (tmp_path / "recovery.png").stat().st_size
