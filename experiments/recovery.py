@@ -233,13 +233,15 @@ def reading(record: dict) -> str:
         gap = best["bpb@1x"] - teacher["bpb@1x"]
         scratch = e["scratch"]["bpb@1x"] - best["bpb@1x"]
         curve = e["scratch"]["curve"]
-        still = f", its held-out bpb still falling by {curve[-2][1] - curve[-1][1]:.3f} over its last eval interval"
+        fell = ""
+        if len(curve) > 1:
+            fell = f" (that run's held-out bpb fell by {curve[-2][1] - curve[-1][1]:.3f} over its last eval interval)"
         lines.append(
             f"- {pattern}: after {share:.0%} of the teacher's tokens the better fine-tune ({mode}) is "
             f"{abs(gap):.3f} bpb {'above' if gap > 0 else 'below'} the teacher at T "
             f"({recovered(e['converted']['bpb@1x'], best['bpb@1x'], teacher['bpb@1x']):.0%} of the conversion's loss "
             f"won back), and {abs(scratch):.3f} bpb {'better' if scratch > 0 else 'worse'} than {pattern} trained from "
-            f"scratch on the same total tokens{still if len(curve) > 1 else ''}; at {LONG}T it is "
+            f"scratch on the same total tokens{fell}; at {LONG}T it is "
             f"{best[f'bpb@{LONG}x']:.3f} against the teacher's {teacher[f'bpb@{LONG}x']:.3f}."
         )
     return "\n".join(lines)

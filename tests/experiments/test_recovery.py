@@ -53,6 +53,6 @@ def test_report_rows_and_reading_say_the_numbers(tmp_path):
     line = reading(RECORD)
     assert "after 10% of the teacher's tokens the better fine-tune (KL) is 0.250 bpb above the teacher" in line
     assert "(75% of the conversion's loss won back), and 0.150 bpb better than PA trained from scratch" in line
-    assert "its held-out bpb still falling by 0.500 over its last eval interval" in line
+    assert "(that run's held-out bpb fell by 0.500 over its last eval interval)" in line
     assert "was 2.500 at 40-50% of its 100 steps and 2.000 at 90-100%: still falling" in line
     assert plot(RECORD, tmp_path / "recovery.png") == "recovery.png" and (tmp_path / "recovery.png").stat().st_size
