@@ -45,8 +45,9 @@ def in_eval(name: str, eval_fraction: float) -> bool:
 
 
 def text_chunks(path: str) -> Iterator[str]:
-    """The text of the file at `path` in pieces of at most CHUNK_BYTES bytes; raises ValueError at a NUL byte or
-    bytes that are not UTF-8 (so a consumer stops before using a binary file's rest)."""
+    """The text of the file at `path` in pieces of at most CHUNK_BYTES + 3 bytes (a character cut at a chunk's end
+    opens the next piece); raises ValueError at a NUL byte or bytes that are not UTF-8 (so a consumer stops before
+    using a binary file's rest)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK_BYTES):

@@ -2,7 +2,7 @@
 BATCH_BYTES of text (less than that and one piece), each batch encoded by one `encode_batch` call (Hugging Face
 `tokenizers` encodes the pieces of a batch on parallel threads), EOD after each document's last piece. Only one
 batch of text and its ids is held at once, never the corpus, and the ids are those of one `encode` per piece (the
-pieces are the same: a file's pieces are corpus.CHUNK_BYTES long, so a batch holds many small documents).
+pieces are the same: a file's pieces are about corpus.CHUNK_BYTES long, so a batch holds many small documents).
 """
 
 from collections.abc import Iterator
