@@ -248,8 +248,7 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
     }
     roles = {"headline": list(preset.headline), "ablations": list(preset.ablations), "frontier": list(preset.frontier)}
     roles["frontier_tasks"] = list(preset.frontier_tasks)
-    runs_list = list(records.values())
-    return {"tasks": tasks, "entries": entries, "roles": roles, "runs": runs_list, "runs_dir": str(runs)}
+    return {"tasks": tasks, "entries": entries, "roles": roles, "runs": list(records.values()), "runs_dir": str(runs)}
 
 
 def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
