@@ -70,6 +70,11 @@ VARIANTS = {
 }
 
 
+def data_overrides(teacher: list[str]) -> list[str]:
+    """A teacher's overrides that are not the model's: the data, optimiser and trainer settings its fine-tunes share."""
+    return [o for o in teacher if not o.startswith("model")]
+
+
 def teacher_run(root: str, steps: int) -> str:
     """The teacher's run folder, trained unless its summary.json is there."""
     folder = os.path.join(root, "teacher")
@@ -89,7 +94,7 @@ def fine_tune(root: str, teacher: str, name: str, steps: int) -> dict:
     summary's held-out loss at T and 4T and its first training loss."""
     pattern, more = FINE_TUNES[name]
     folder = os.path.join(root, "fine_tune", name.replace(" ", "").replace(",", "_").replace("+", "_"))
-    base = [o for o in TEACHER if not o.startswith("model")] + ["model=source", "optim.lr=1e-3"]
+    base = [*data_overrides(TEACHER), "model=source", "optim.lr=1e-3"]
     tail = ["optim.warmup_steps=10", f"init_from=run:{teacher}", f"init_convert={pattern}", *more]
     summary = train_once(folder, [*base, f"trainer.steps={steps}", *tail])
     T = summary["seq_len"]

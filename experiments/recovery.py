@@ -28,7 +28,9 @@ from flax import nnx
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from experiments import conversion_loss
 from experiments.compare.convergence import learning_curve
+from experiments.compare.presets import with_overrides
 from experiments.compare.runs import train_loss_curve
 from experiments.formatting import md_table
 from experiments.hydra_run import train_once
@@ -41,26 +43,15 @@ from retention.train.step import make_eval_step
 
 LONG = 16  # the long eval: 16x the training length
 SEQ_LEN, BATCH = 512, 8
-TEACHER = [
-    "model=softmax",
-    "model.name=teacher",
-    "model.target_params=null",
-    "model.n_layers=4",
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.n_kv_heads=2",
-    "model.head_dim=16",
-    "model.conv_size=0",
-    "model.qk_norm=false",
-    "data=text",
-    "data.tokenizer=bytes",
-    f"data.seq_len={SEQ_LEN}",
-    f"data.batch_size={BATCH}",
-    "optim.lr=3e-3",
-    "trainer.eval_batches=2",
-    f"trainer.eval_scales=[1,{LONG}]",
-    "trainer.progress=false",
-]
+TEACHER = list(  # conversion_loss's teacher at T=512 with its eval at 16T
+    with_overrides(
+        tuple(conversion_loss.TEACHER),
+        f"data.seq_len={SEQ_LEN}",
+        f"data.batch_size={BATCH}",
+        "trainer.eval_batches=2",
+        f"trainer.eval_scales=[1,{LONG}]",
+    )
+)
 PATTERNS = ("PA", "PPPA", "P")
 DISTILL = {"plain": [], "KL": ["distill.kl_weight=1.0", "distill.temperature=1.0"]}
 STAGES = {  # the stages run in two processes on two cores, then `all` collects (finished runs are reused)
@@ -69,11 +60,6 @@ STAGES = {  # the stages run in two processes on two cores, then `all` collects 
     "scratch": "the from-scratch runs only",
 }
 FINE_TUNE = ["model=source", "optim.lr=1e-3", "optim.warmup_steps=10"]
-
-
-def data_overrides() -> list[str]:
-    """The teacher's overrides that are not the model's: the data, optimiser and trainer settings every run shares."""
-    return [o for o in TEACHER if not o.startswith("model")]
 
 
 def point(summary: dict) -> dict:
@@ -152,7 +138,8 @@ def main() -> None:
         for mode, more in DISTILL.items():
             folder = os.path.join(args.root, f"{pattern}_{mode}")
             tail = [f"init_from=run:{teacher_dir}", f"init_convert={pattern}", *more, *every]
-            summary = train_once(folder, [*data_overrides(), *FINE_TUNE, f"trainer.steps={tune_steps}", *tail])
+            shared = [*conversion_loss.data_overrides(TEACHER), *FINE_TUNE, f"trainer.steps={tune_steps}"]
+            summary = train_once(folder, [*shared, *tail])
             entry["fine_tuned"][mode] = {**point(summary), "curve": curve(folder, tokens_per_step)}
         if args.stage == "teacher":
             continue
