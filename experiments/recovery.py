@@ -37,9 +37,11 @@ from experiments.hydra_run import train_once
 from experiments.plotting import save
 from retention import load_run
 from retention.nn import convert
+from retention.nn.config import check_pattern
 from retention.train.config import build, register_configs
 from retention.train.evaluate import evaluate
 from retention.train.step import make_eval_step
+from retention.validation import check_int, check_number
 
 LONG = 16  # the long eval: 16x the training length
 SEQ_LEN, BATCH = 512, 8
@@ -109,6 +111,11 @@ def main() -> None:
     parser.add_argument("--root", default="outputs/recovery")
     parser.add_argument("--out", default="results/recovery.json")
     args = parser.parse_args()
+    check_int("--teacher-steps", args.teacher_steps)
+    check_number("--fraction", args.fraction, low=0, high=1, open_low=True)
+    check_int("--evals", args.evals)
+    for pattern in args.patterns:
+        check_pattern(pattern, 4)  # the teacher's 4 layers
     register_configs()
     steps = args.teacher_steps
     tune_steps = max(1, round(args.fraction * steps))

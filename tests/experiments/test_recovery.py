@@ -4,7 +4,7 @@ figure. The runs themselves are the trainer's, tested in tests/train."""
 
 import pytest
 
-from experiments.recovery import LONG, by_position, metrics, plot, reading, recovered, report
+from experiments.recovery import LONG, by_position, main, metrics, plot, reading, recovered, report
 
 
 def entry(bpb: float, tokens: int, curve=()) -> dict:
@@ -56,3 +56,19 @@ def test_report_rows_and_reading_say_the_numbers(tmp_path):
     assert "(that run's held-out bpb fell by 0.500 over its last eval interval)" in line
     assert "was 2.500 at 40-50% of its 100 steps and 2.000 at 90-100%: still falling" in line
     assert plot(RECORD, tmp_path / "recovery.png") == "recovery.png" and (tmp_path / "recovery.png").stat().st_size
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--fraction", "0"], r"--fraction must be a finite number in \(0, 1\], got 0.0"),
+        (["--evals", "0"], r"--evals must be an int >= 1, got 0"),
+        (["--teacher-steps", "-3"], r"--teacher-steps must be an int >= 1, got -3"),
+        (["--patterns", "PX"], r"pattern must be .*got 'PX'"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_run(tmp_path, monkeypatch, argv, match):
+    monkeypatch.setattr("sys.argv", ["recovery", *argv, "--root", str(tmp_path / "runs")])
+    with pytest.raises(ValueError, match=match):
+        main()
+    assert not (tmp_path / "runs").exists()
