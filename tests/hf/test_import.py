@@ -40,7 +40,9 @@ def assert_float32_close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(  # plain llama is a further case: llama3_tied has its layout, tied and llama3-scaled
+    "case", [pytest.param(c, marks=[pytest.mark.slow] * (c == "llama")) for c in sorted(CASES)]
+)
 def test_imported_model_gives_transformers_logits(case, tmp_path):
     architecture, overrides = CASES[case]
     reference = save_tiny(tmp_path, architecture, **overrides)

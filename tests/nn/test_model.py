@@ -35,7 +35,8 @@ def tokens(key, B, T, vocab):
         *(pytest.param(*p, marks=pytest.mark.slow) for p in (("A", 0), ("P", 0), ("P", 4))),
         ("W", 4),
         ("PPPA", 4),
-        ("DA", 4),
+        # a further case: every matrix-state mixer's LM prefill and decode is in test_matrix_state_mixers
+        pytest.param("DA", 4, marks=pytest.mark.slow),
     ],
 )
 def test_prefill_then_decode_equals_forward(pattern, conv_size):
