@@ -38,6 +38,7 @@ from experiments.compare.runs import (
     read_json,
     selection_value,
     timed,
+    train_loss_curve,
     write_json,
 )
 from retention.train import train
@@ -195,7 +196,8 @@ def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, 
 
 def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
     """Everything the report needs from the run folders: each task's facts, each entry's layers, and every run's
-    record, summary and test eval (None where not yet made). `previous` (the quality.json this one replaces) fills
+    record, summary, test eval (None where not yet made) and training-loss curve (TensorBoard's (step, seconds,
+    loss); empty where not yet made). `previous` (the quality.json this one replaces) fills
     in the runs whose folders are gone (`carry_over`)."""
     every = [*sweep_runs(preset), *extension_runs(preset, runs), *(best_runs(preset, runs) or [])]
     candidates = {(r.task, r.entry, r.lr, r.seed): r for r in every}
@@ -208,6 +210,7 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
             "record": read_json(folder / RECORD),
             "summary": read_json(folder / SUMMARY),
             "test": read_json(folder / TEST),
+            "train_curve": train_loss_curve(folder / "tb"),  # kept here so a carried-over run keeps its curve
         }
     records.update(carry_over(preset, records, previous))
     carried = {}  # (task, entry) -> the learning rates of its carried runs

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from experiments.compare.protocol import at_edge
 from experiments.compare.results import Results
-from experiments.compare.runs import position_losses, train_loss_curve
+from experiments.compare.runs import position_losses
 from experiments.formatting import md_table, tokens
 from experiments.plotting import color, label, log_ticks, save
 
@@ -157,33 +157,46 @@ def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
 
 
 def curves_section(res: Results, figdir: Path, rel: str) -> list[str]:
-    """Training loss against tokens and against wall time (TensorBoard), the best first-seed run of each headline
-    entry; left out when the run folders are not on this machine."""
-    runs_dir = Path(res.quality.get("runs_dir", ""))
-    if not runs_dir.is_dir():
-        return ["## Training curves", "", f"TensorBoard logs not found under `{runs_dir}`: curves left out.", ""]
+    """Training loss against tokens and against wall time (each run's `train_curve`, read from TensorBoard when
+    collected), the best first-seed run of each headline entry; the tasks whose runs have no curve are named."""
     tasks = list(res.tasks)
     fig = Figure(figsize=(5 * len(tasks), 7.5))
     axes = fig.subplots(2, len(tasks), squeeze=False)
+    missing = []
     for col, task in enumerate(tasks):
         tokens_per_step = res.tasks[task]["tokens_per_run"] / max(1, _steps(res, task))
+        drawn = 0
         for entry in (e for e in res.roles["headline"] if e in res.tasks[task]["entries"]):
             runs = [r for r in res.best_runs(task, entry) if r["summary"]]
-            curve = train_loss_curve(Path(runs[0]["folder"]) / "tb") if runs else []
+            curve = runs[0].get("train_curve") if runs else None
             if curve:
                 steps, wall, loss = zip(*curve)
                 name = label(entry, res.layer_kinds(task, entry))
                 axes[0][col].plot([s * tokens_per_step for s in steps], loss, color=color(entry), label=name)
                 axes[1][col].plot(wall, loss, color=color(entry))
+                drawn += 1
         axes[0][col].set(title=f"{task}: train loss vs tokens", xlabel="tokens", ylabel="loss (nats per token)")
         wall = "seconds since the run started (with compilation)"
         axes[1][col].set(title=f"{task}: train loss vs wall time", xlabel=wall, ylabel="loss (nats per token)")
-        axes[0][col].legend(fontsize=7)
+        if drawn:
+            axes[0][col].legend(fontsize=7)
+        else:
+            missing.append(task)
+            axes[0][col].text(0.5, 0.5, "no training-loss curve kept", ha="center", transform=axes[0][col].transAxes)
+    note = []
+    if missing:
+        note = [
+            f"No training-loss curve for {', '.join(missing)}: those runs were collected before quality.json kept"
+            " curves and their folders are not on this machine (their held-out learning curves are in the task's"
+            " figure above).",
+            "",
+        ]
     return [
         "## Training curves",
         "",
-        f"TensorBoard for all runs: `tensorboard --logdir {runs_dir}`.",
+        f"TensorBoard for all runs: `tensorboard --logdir {res.quality.get('runs_dir', '')}`.",
         "",
+        *note,
         f"![curves]({rel}/{save(fig, figdir / 'curves.png')})",
         "",
     ]

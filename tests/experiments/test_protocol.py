@@ -260,9 +260,13 @@ def test_collect_and_report(tiny, tmp_path):
     data.mkdir()
     meta = {"preset": "tiny", "command": "test", "machine": {"device": "cpu", "backend": "cpu", "devices": 1}}
     meta["machine"].update(cpus=2, jax="0", date="today")
-    (data / "quality.json").write_text(json.dumps({**meta, **collect(TINY, tiny)}))
+    quality = collect(TINY, tiny)
+    trained = [r for r in quality["runs"] if r["summary"]]
+    assert trained and all(0 < r["train_curve"][-1][0] <= r["summary"]["steps"] for r in trained)  # (step, s, loss)
+    (data / "quality.json").write_text(json.dumps({**meta, **quality}))
     write_report(data, tmp_path / "REPORT.md", op_speed=None)
     text = (tmp_path / "REPORT.md").read_text()
+    assert "No training-loss curve" not in text
     assert "| softmax (AA) |" in text and "not run: time on this machine" in text
     assert "### mqar: trained at T=64" in text and "### mqar_t32: trained at T=32" in text
     assert "| softmax_kv4 (AA) |" in text[text.index("### mqar_t32") :]

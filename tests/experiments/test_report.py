@@ -13,7 +13,6 @@ import pytest
 from experiments.compare.report import write_report
 from experiments.compare.report_frontier import fixed_state_verdicts
 from experiments.compare.results import Cell, Results
-from retention.train.metrics import MetricsWriter
 
 LRS = [1e-3, 3e-3, 1e-2]
 SELECTION = {  # first-seed accuracy on the selection split at each lr
@@ -45,7 +44,7 @@ def made_up_test(entry: str, seed: int) -> dict:
 
 
 def fake_quality(runs_dir: Path) -> dict:
-    """quality.json of a made-up mqar comparison (and TensorBoard logs of the runs)."""
+    """quality.json of a made-up mqar comparison."""
     rng = np.random.default_rng(0)
     entries = {
         "softmax": {"group": "softmax", "base": None, "change": "", "kv_cache_bits": None},
@@ -83,12 +82,9 @@ def fake_quality(runs_dir: Path) -> dict:
                         record=record,
                         summary=summary,
                         test=test,
+                        train_curve=[(2 * i, 3.0 * i, float(5 - i + rng.uniform())) for i in range(1, 6)],
                     )
                 )  # fmt
-                writer = MetricsWriter(str(folder / "tb"))
-                for i in range(1, 6):
-                    writer.scalars(2 * i, {"loss": float(5 - i + rng.uniform())}, "train")
-                writer.close()
     for seed in (0, 1, 2):
         record = {"evaluates": f"softmax/lr0.003/seed{seed}"}
         runs.append(
@@ -226,10 +222,24 @@ def test_report_speed_protocol_plots_and_commands(report):
         "| mqar | T=64, 4 pairs, vocab 80, queries >= 40 tokens after | 2,560 | 0.001, 0.003, 0.01 | 0, 1, 2 |" in text
     )
     assert "`python train.py model=power optim.lr=0.001 seed=2`" in text  # the appendix
-    assert "Made by `made up`, `speed cmd`." in text
+    assert "Made by `made up`, `speed cmd`." in text and "No training-loss curve" not in text
     for png in ("speed.png", "quality_mqar.png", "frontier.png", "curves.png"):
         assert (data / png).stat().st_size > 10_000
         assert f"(data/{png})" in text  # linked relative to the report
+
+
+def test_tasks_without_training_curves_are_named(tmp_path):
+    """Runs carried over from a quality.json that kept no training-loss curves: the report says so for the task
+    (the figure is still drawn)."""
+    quality = fake_quality(tmp_path / "runs")
+    for run in quality["runs"]:
+        run.pop("train_curve", None)
+    (tmp_path / "quality.json").write_text(json.dumps(quality))
+    (tmp_path / "speed.json").write_text(json.dumps(fake_speed()))
+    write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "No training-loss curve for mqar: those runs were collected before" in text
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
 def test_report_without_results_says_what_to_run(tmp_path):
