@@ -157,38 +157,44 @@ def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
 
 
 def curves_section(res: Results, figdir: Path, rel: str) -> list[str]:
-    """Training loss against tokens and against wall time (each run's `train_curve`, read from TensorBoard when
-    collected), the best first-seed run of each headline entry; the tasks whose runs have no curve are named."""
+    """The best first-seed run of each headline entry: its held-out metric against tokens (the trainer's evals,
+    `summary.eval_curve`), and its training loss against tokens and against wall time (`train_curve`, read from
+    TensorBoard when collected); the tasks whose runs kept no training-loss curve are named."""
     tasks = list(res.tasks)
-    fig = Figure(figsize=(5 * len(tasks), 7.5))
-    axes = fig.subplots(2, len(tasks), squeeze=False)
+    fig = Figure(figsize=(5 * len(tasks), 11))
+    axes = fig.subplots(3, len(tasks), squeeze=False)
     missing = []
     for col, task in enumerate(tasks):
         tokens_per_step = res.tasks[task]["tokens_per_run"] / max(1, _steps(res, task))
-        drawn = 0
+        drawn, metric = 0, "metric"
         for entry in (e for e in res.roles["headline"] if e in res.tasks[task]["entries"]):
             runs = [r for r in res.best_runs(task, entry) if r["summary"]]
-            curve = runs[0].get("train_curve") if runs else None
-            if curve:
-                steps, wall, loss = zip(*curve)
-                name = label(entry, res.layer_kinds(task, entry))
-                axes[0][col].plot([s * tokens_per_step for s in steps], loss, color=color(entry), label=name)
-                axes[1][col].plot(wall, loss, color=color(entry))
+            if not runs:
+                continue
+            name, summary = label(entry, res.layer_kinds(task, entry)), runs[0]["summary"]
+            if summary.get("eval_curve"):
+                steps, values = zip(*summary["eval_curve"])
+                metric = summary.get("rule", {}).get("metric", metric)
+                x = [s * tokens_per_step for s in steps]  # markers: a run with one eval is a dot
+                axes[0][col].plot(x, values, color=color(entry), marker="o", markersize=3, label=name)
+            if runs[0].get("train_curve"):
+                steps, wall, loss = zip(*runs[0]["train_curve"])
+                axes[1][col].plot([s * tokens_per_step for s in steps], loss, color=color(entry))
+                axes[2][col].plot(wall, loss, color=color(entry))
                 drawn += 1
-        axes[0][col].set(title=f"{task}: train loss vs tokens", xlabel="tokens", ylabel="loss (nats per token)")
+        axes[0][col].set(title=f"{task}: held-out {metric} vs tokens", xlabel="tokens", ylabel=f"held-out {metric}")
+        axes[0][col].legend(fontsize=7)
+        axes[1][col].set(title=f"{task}: train loss vs tokens", xlabel="tokens", ylabel="loss (nats per token)")
         wall = "seconds since the run started (with compilation)"
-        axes[1][col].set(title=f"{task}: train loss vs wall time", xlabel=wall, ylabel="loss (nats per token)")
-        if drawn:
-            axes[0][col].legend(fontsize=7)
-        else:
+        axes[2][col].set(title=f"{task}: train loss vs wall time", xlabel=wall, ylabel="loss (nats per token)")
+        if not drawn:
             missing.append(task)
-            axes[0][col].text(0.5, 0.5, "no training-loss curve kept", ha="center", transform=axes[0][col].transAxes)
+            axes[1][col].text(0.5, 0.5, "no training-loss curve kept", ha="center", transform=axes[1][col].transAxes)
     note = []
     if missing:
         note = [
             f"No training-loss curve for {', '.join(missing)}: those runs were collected before quality.json kept"
-            " curves and their folders are not on this machine (their held-out learning curves are in the task's"
-            " figure above).",
+            " curves and their folders are not on this machine (their held-out curves, top row, are drawn).",
             "",
         ]
     return [

@@ -64,6 +64,8 @@ def fake_quality(runs_dir: Path) -> dict:
                     "layer_kinds": KINDS[entry],
                     "params": 1000 + len(entry),
                     "eval": {"64": {"accuracy": value if seed == 0 else 0.0, "loss": 2.0}},
+                    "eval_curve": [[5, value / 2], [10, value]],
+                    "rule": {"metric": "accuracy"},
                 }
                 if entry == "softmax":  # the convergence rule's account: seeds 0 and 1 converged, seed 2 hit the cap
                     summary.update(stopped_at=8 + 2 * seed, stop_reason="converged" if seed < 2 else "steps")
