@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.train.common import ROOT, TINY
 
 SOURCES = ("pyproject.toml", "README.md", "retention", "pallas_kernels")  # what the build reads
@@ -27,6 +29,7 @@ def _run(command: list, **kwargs) -> str:
     return out.stdout
 
 
+@pytest.mark.integration
 def test_the_console_script_trains_from_an_installed_wheel(tmp_path):
     source = tmp_path / "source"
     source.mkdir()

@@ -16,6 +16,8 @@ from retention.data.tokenizer import ByteTokenizer
 from retention.eval.lm_eval_adapter import RetentionLM, bucket
 from tests.eval.common import BATCH, MAX_LENGTH
 
+pytestmark = pytest.mark.integration  # run through lm-eval: make test-integration
+
 SEED = int(np.random.SeedSequence().generate_state(1)[0])
 EOD = ByteTokenizer.eod
 ENC = lambda s: ByteTokenizer().encode(s).tolist()

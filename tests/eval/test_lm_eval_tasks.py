@@ -19,6 +19,8 @@ from retention.eval.lm_eval_adapter import RetentionLM, text_tokenizer
 from retention.train.config import DATA_SCHEMAS, Config
 from tests.eval.common import BATCH, MAX_LENGTH
 
+pytestmark = pytest.mark.integration  # run through lm-eval: make test-integration
+
 SEED = int(np.random.SeedSequence().generate_state(1)[0])
 TEXT_RUN = Config(data=DATA_SCHEMAS["text"](seq_len=MAX_LENGTH))  # bytes
 MC_TASK = """task: tiny_mc

@@ -21,6 +21,8 @@ from experiments.compare.speed import train_step_time
 from retention.train.config import build, make_dataset
 from tests.data.test_mqar_min_gap import query_distances
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 CASES = [(p, t, e) for p in PRESETS.values() for t in p.tasks for e in p.task_entries(t)]
 PRESET_CONFIGS = pytest.mark.xdist_group("preset_configs")  # one worker composes each config once (a Hydra
 # composition is about 0.3 s: the preset tests below compose the same 107)

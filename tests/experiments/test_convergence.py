@@ -9,6 +9,8 @@ from experiments.compare.convergence import learning_curve
 from retention.train.convergence import convergence, crossing_steps, stopping_index
 from retention.train.metrics import MetricsWriter
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def test_a_curve_that_leaves_its_plateau_converges_after_the_jump():
     """On the 1/pairs plateau (0.25 + noise below min_delta) to step 2000, a jump to 0.6, 0.97, then 0.99-1.0

@@ -19,6 +19,8 @@ from experiments.compare.models import compose_config
 from experiments.compare.presets import CPU, SMOKE
 from experiments.compare.runs import timed
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def test_fit_recovers_overhead_and_rate():
     points = [(1000, 5.0 + 1000 / 250), (5000, 5.0 + 5000 / 250), (3000, 5.0 + 3000 / 250)]

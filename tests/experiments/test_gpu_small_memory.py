@@ -12,6 +12,8 @@ from experiments.compare.presets import GPU_SMALL
 from experiments.compare.speed import abstract_train_step
 from experiments.scale_memory import BAR_BYTES, step_bytes
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 @pytest.mark.slow  # a 64k-token step of a 30M model compiled for the CPU
 @pytest.mark.parametrize("model", ["softmax", "power"])

@@ -9,6 +9,8 @@ import pytest
 from experiments.hand_built_recall import embeddings, layer_qkv, recall_accuracy, retention_outputs
 from retention import power_retention
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 @pytest.mark.parametrize("deg", [2, 4])
 def test_outputs_are_power_retention_summed_over_heads(deg):

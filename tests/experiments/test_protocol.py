@@ -33,6 +33,8 @@ from retention.nn import LM
 from retention.train.config import make_dataset, make_lm_config
 from retention.train.step import SCALAR_SUMS
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def test_best_lr_prefers_the_better_then_the_smaller_and_waits_for_all():
     assert best_lr({1e-3: 0.5, 3e-3: 0.9, 1e-2: 0.7}, higher_is_better=True) == 3e-3

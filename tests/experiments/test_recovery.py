@@ -6,6 +6,8 @@ import pytest
 
 from experiments.recovery import LONG, by_position, main, metrics, plot, reading, recovered, report
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def entry(bpb: float, tokens: int, curve=()) -> dict:
     """A run's numbers: bits per byte bpb at T and bpb + 0.5 at 16T, losses by position falling from 3.0."""

@@ -14,6 +14,8 @@ from experiments.compare.report import write_report
 from experiments.compare.report_frontier import fixed_state_verdicts
 from experiments.compare.results import Cell, Results
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 LRS = [1e-3, 3e-3, 1e-2]
 SELECTION = {  # first-seed accuracy on the selection split at each lr
     "softmax": [0.5, 0.9, 0.7],  # best 3e-3

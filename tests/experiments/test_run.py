@@ -12,6 +12,8 @@ from experiments.compare.report import write_report
 from experiments.compare.run import main
 from experiments.compare.speed import speed_recipe
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def test_report_only_without_runs_keeps_the_committed_results(tmp_path, monkeypatch):
     """A fresh clone (results committed, no outputs/): `--preset cpu --report-only` exits non-zero naming the runs

@@ -12,6 +12,8 @@ from retention.nn import LM
 from retention.nn.sizing import count_params
 from retention.train.config import make_lm_config
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def test_scale_preset_has_about_125m_parameters_at_16k():
     cfg = compose_config([EXPERIMENT])

@@ -4,12 +4,15 @@ trainer actually built."""
 
 import json
 
+import pytest
 from omegaconf import OmegaConf
 
 from experiments.compare.models import compose_config, entry_overrides
 from experiments.compare.presets import SMOKE
 from experiments.summarize_sweep import load, table
 from retention.train import train
+
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
 
 
 def summary(model: str, layer_kinds: str, seq_len: int, accuracy: dict[int, float]) -> dict:

@@ -7,6 +7,8 @@ import pytest
 from experiments import timing
 from experiments.formatting import human_bytes, tokens
 
+pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
+
 
 def test_run_times_warms_up_then_times_each_call(monkeypatch):
     """One untimed warm-up call, then one perf_counter pair around each timed call; the median of the spans."""

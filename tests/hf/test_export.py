@@ -22,6 +22,8 @@ from tests.train.common import compose_config
 from tests.train.test_checkpoint import assert_same_params
 from tests.train.test_text_eval import text_run
 
+pytestmark = pytest.mark.integration  # checked against transformers: make test-integration
+
 jnp = pytest.importorskip("jax.numpy")
 
 

@@ -15,6 +15,8 @@ from retention.nn import count_params
 from tests.hf.common import VOCAB, save_tiny, torch_logits
 from tests.train.common import ROOT
 
+pytestmark = pytest.mark.integration  # checked against transformers: make test-integration
+
 jnp = pytest.importorskip("jax.numpy")
 
 LLAMA3_ROPE = dict(

@@ -13,8 +13,8 @@ def run_pytest_on_devices(
     paths: list[str], n_devices: int = N_DEVICES, timeout: float = 1800, markexpr: str = ""
 ) -> subprocess.CompletedProcess:
     """`python -m pytest -q -rA [-m markexpr] paths` (-rA: a PASSED line per test) in one process with
-    `n_devices` fake CPU devices; stdout and stderr merged. The caller passes its own run's `-m` (`make test`:
-    "not slow"), so the subprocess runs the same tier."""
+    `n_devices` fake CPU devices; stdout and stderr merged. The caller passes its own run's `-m`
+    (`make test-integration`: "integration and not slow"), so the subprocess runs the same tier."""
     env = {
         **os.environ,
         "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}".strip(),

@@ -25,6 +25,7 @@ from tests.parallel.common import require_devices
 from tests.train.common import TINY, compose_config
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 OVERRIDES = [*TINY, "data.batch_size=8", "trainer.eval_scales=[1]", "model.d_model=24", "data.vocab_size=40"]
 

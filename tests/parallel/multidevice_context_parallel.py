@@ -29,6 +29,7 @@ from tests.ops.cases import CASES, F32_TOL, case_ids, check_path, differentiate,
 from tests.parallel.common import N_DEVICES, require_devices
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 CP_TOL = 1e-5  # against the single-device op (float32): outputs, states, the initial state's gradients
 CP_ORACLE_TOL = 1e-4  # against the float64 oracles (float32; strong gates reach ~1e-5)

@@ -17,6 +17,7 @@ from tests.helpers import rel_err
 from tests.parallel.common import require_devices
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 SEED = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)  # fresh every session
 

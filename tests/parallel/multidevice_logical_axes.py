@@ -17,6 +17,7 @@ from tests.helpers import rel_err
 from tests.parallel.common import require_devices
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 CONFIG = LMConfig(
     vocab_size=40, d_model=16, n_layers=2, pattern="PA", n_heads=8, n_kv_heads=8, head_dim=4, qk_norm=True,

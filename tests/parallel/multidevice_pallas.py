@@ -31,6 +31,7 @@ from tests.parallel.common import require_devices
 from tests.train.common import TINY, compose_config
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 TOL = 2e-5  # float32: the kernels against the XLA path (DESIGN: well under 1e-4)
 CHUNK = 16

@@ -18,6 +18,7 @@ from retention.train.step import make_init
 from tests.parallel.common import require_devices
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 MESHES = [(1, 8), (2, 4)]
 

@@ -17,6 +17,7 @@ from tests.parallel.common import require_devices
 from tests.train.common import TINY, compose_config
 
 require_devices()
+pytestmark = pytest.mark.integration  # run by test_eight_devices.py's integration test, in its tier
 
 STEPS = 3
 

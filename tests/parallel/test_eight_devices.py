@@ -5,6 +5,8 @@ checkpoints across meshes, and the mesh errors."""
 
 import os
 
+import pytest
+
 from tests.parallel.common import run_pytest_on_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -15,9 +17,10 @@ def test_there_are_multidevice_files():
     assert set(FILES) >= {"multidevice_context_parallel.py", "multidevice_step.py", "multidevice_checkpoint.py"}
 
 
+@pytest.mark.integration
 def test_on_eight_devices(request):
-    """Every file's tests of this run's tier (its -m: `make test` leaves out the further cases marked slow), each
-    file among the passed ones."""
+    """Every file's tests of this run's tier (its -m: `make test-integration` leaves out the further cases marked
+    slow), each file among the passed ones."""
     paths = [os.path.join("tests", "parallel", name) for name in FILES]
     result = run_pytest_on_devices(paths, markexpr=request.config.option.markexpr)
     assert result.returncode == 0, result.stdout[-8000:]

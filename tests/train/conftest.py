@@ -1,6 +1,7 @@
 """A finished tiny run shared by the tests of one process: 4 steps, a checkpoint after every step (each saved
 asynchronously, then its buffers donated to the next step), every checkpoint's parameters as read back then. The
-tests that use it share one xdist group, so one worker trains it, once."""
+tests that use it share one xdist group, so one worker trains it, once, and are marked `integration` (they read a
+trainer's run: `make test-integration`)."""
 
 import logging
 import shutil
@@ -32,6 +33,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "finished_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("finished_run"))
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ def assert_same_params(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.integration
 def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
     overrides = [*TINY, "trainer.steps=60", "trainer.ckpt_every=10", "trainer.keep=10", f"seed={fresh_seed()}"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
@@ -75,6 +76,7 @@ def test_stop_signal_saves_then_exits(tmp_path, signum):
     assert not (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.integration
 def test_two_processes_agree_on_the_step_to_save(tmp_path):
     """A two-process job (CPU, gloo): SIGTERM to process 0 alone reaches process 1 through JAX's preemption
     service; both save the same step (Orbax's preemption sync point) and exit."""

@@ -12,6 +12,7 @@ from tests.train.common import TINY, compose_config, fresh_seed, saved_steps
 FLAT = [*TINY, "optim.lr=1e-12", "trainer.eval_every=2", "trainer.eval_scales=[1]", "trainer.ckpt_every=100"]
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # a further case: the resume test below stops by the same rule
 def test_a_flat_metric_stops_the_run_after_patience_evals(tmp_path):
     """Evals at steps 2, 4, 6 give one accuracy; with patience 2 the rule stops at the third (step 6), far below
@@ -29,6 +30,7 @@ def test_a_flat_metric_stops_the_run_after_patience_evals(tmp_path):
     assert summary["crossings"] == {"0.5": first, "0.9": first}
 
 
+@pytest.mark.integration
 def test_patience_counts_on_across_a_resume(tmp_path):
     """Cut at a cap of 4 (evals at 2 and 4: one short of patience 2), resumed with a cap of 40: the rule stops at
     step 6, as the uninterrupted run does (a count restarted at the resume would stop at 10). Run again, the

@@ -34,6 +34,7 @@ def make_read_only(folder) -> None:
     os.chmod(folder, 0o555)
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # a further case of a failed save (a full disk: the quick one)
 def test_a_read_only_checkpoint_folder_stops_the_run(tmp_path):
     run = tmp_path / "run"
@@ -52,6 +53,7 @@ def test_a_read_only_checkpoint_folder_stops_the_run(tmp_path):
 SMALL_FILES = "ulimit -f 16 && trap '' XFSZ"  # files over 16 KiB cannot be written: EFBIG, as ENOSPC on a full disk
 
 
+@pytest.mark.integration
 def test_a_full_disk_stops_the_run(tmp_path):
     """The checkpoint's array files exceed the limit; run.json, the log and the events do not."""
     run = tmp_path / "run"

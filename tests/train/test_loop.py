@@ -14,6 +14,7 @@ from retention.train.checksum import tree_checksums
 from tests.train.common import TINY, compose_config, event_files, event_tags, saved_state, saved_steps
 
 
+@pytest.mark.integration
 def test_short_run_lowers_loss_and_compiles_once(tmp_path):
     """Seed 11, not a fresh one: initial_loss is one batch of 4 x 16 tokens, so "0.3 below it after 40 steps" is
     noise-bound (seed 122269946 starts at 2.57, under chance ln 24 = 3.18, and ends at 2.98)."""
@@ -33,6 +34,7 @@ def test_short_run_lowers_loss_and_compiles_once(tmp_path):
     assert {"perf/compile_s", "perf/tokens_per_s", "train/loss", "train/tokens_seen", "eval/x2/accuracy"} <= tags
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     """A learning rate of 1e30 blows the weights up within a few steps: the run stops with NonFiniteLoss and
     the checkpoints on disk are the finite ones written before."""

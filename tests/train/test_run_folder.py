@@ -85,6 +85,7 @@ def test_rerun_of_a_finished_run_writes_a_valid_summary(finished_run, tmp_path):
     assert summary["train_traces"] == 0 and summary["compile_s"] is None and summary["resumed_from"] == 4
 
 
+@pytest.mark.integration
 def test_a_second_run_in_the_same_folder_stops_at_once(tmp_path):
     """A second launch while the first trains stops at once naming it (the lock), the first trains on; SIGTERM then
     saves the first's checkpoint and it exits with 128 + 15, without summary.json; a launch with another seed is

@@ -32,6 +32,7 @@ def test_a_model_name_with_a_path_is_refused(name):
         build(compose_config([*TINY, f"model.name='{name}'"]))
 
 
+@pytest.mark.integration
 def test_a_sweep_never_writes_outside_its_folder(tmp_path):
     sweep = tmp_path / "a" / "b" / "sweep"
     proc = subprocess.run(
@@ -56,6 +57,7 @@ def test_an_unknown_key_is_refused_naming_it():
         build(cfg)
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # a further case: test_run_folder's second-run test checks both refusals leave .hydra/ as it was
 def test_a_refused_launch_leaves_the_runs_hydra_files_unchanged(tmp_path):
     run = tmp_path / "run"

@@ -4,6 +4,7 @@ load_run converts them to the unscanned form, which gives the scanned model's lo
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from retention import load_run
@@ -12,6 +13,7 @@ from tests.helpers import rel_err
 from tests.train.common import TINY, compose_config, fresh_seed, saved_state
 
 
+@pytest.mark.integration
 def test_two_scanned_steps_with_remat_then_load_unscanned(tmp_path):
     overrides = [
         *TINY,

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -30,6 +31,7 @@ def hparams_of(logdir) -> tuple[dict, list[str]]:
     return values, [m.name.tag for m in experiment.experiment.metric_infos]
 
 
+@pytest.mark.integration
 def test_a_sweep_shares_tags_and_has_one_row_per_run(tmp_path):
     overrides = [*TINY, "trainer.steps=3", "trainer.ckpt_every=3", "data.vocab_size=40", "data.seq_len=16,32"]
     assert len(overrides) > 13  # hydra.job.override_dirname would be a file name too long

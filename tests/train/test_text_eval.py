@@ -103,6 +103,7 @@ def text_run(tmp_path, extra: list[str]) -> list[str]:
     ]
 
 
+@pytest.mark.integration
 def test_text_run_writes_bits_per_byte_and_position_losses(tmp_path):
     run = tmp_path / "run"
     summary = train(compose_config(text_run(tmp_path, ["trainer.steps=3"])), str(run))
@@ -121,6 +122,7 @@ def test_text_run_writes_bits_per_byte_and_position_losses(tmp_path):
     assert not (run / "tokenizer.json").exists()  # bytes: nothing to keep
 
 
+@pytest.mark.integration
 def test_bpe_run_keeps_its_tokenizer_and_resumes_with_it(tmp_path):
     run = tmp_path / "run"
     extra = ["data.tokenizer=bpe", "data.vocab_size=300", "trainer.ckpt_every=2", "trainer.eval_scales=[1]"]

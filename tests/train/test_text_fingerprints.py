@@ -13,6 +13,7 @@ from tests.train.common import compose_config
 from tests.train.test_text_eval import text_run
 
 
+@pytest.mark.integration
 def test_a_resume_with_another_tokenizer_or_corpus_is_refused(tmp_path):
     run = tmp_path / "run"
     extra = ["data.tokenizer=bpe", "data.vocab_size=300", "trainer.ckpt_every=2", "trainer.eval_scales=[1]"]

@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from retention.data.tokenizer import HFTokenizer
 from retention.train import train
@@ -14,6 +15,7 @@ from tests.train.common import compose_config
 from tests.train.test_text_eval import text_run
 
 
+@pytest.mark.integration
 def test_a_foreign_tokenizer_trains_a_step(tmp_path):
     run = tmp_path / "run"
     overrides = text_run(tmp_path, [])  # writes the documents under tmp_path/docs
