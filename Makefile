@@ -1,10 +1,11 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
 #            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, 5 to 8 minutes on
 #            2 idle cores), then its table and the TensorBoard command.
-# make test: the same set-up, then the quick tier of the library's tests: ops, kernels, modules, serving, data, the
-#            trainer's parts in process, on their quick cases (within 15 minutes on 2 cores; PERF_LOG, "the
+# make test: the same set-up, then the quick tier of the library's tests: ops, kernels, modules, generation, data,
+#            the trainer's parts in process, on their quick cases (within 15 minutes on 2 cores; PERF_LOG, "the
 #            suite's time"). Left out: further cases (marked slow) and the integration tests (marked integration:
-#            trainer runs, the 8-device files, the wheel, the experiments, transformers and lm-eval).
+#            trainer runs, the 8-device files, the wheel, the serving layer, the experiments, transformers and
+#            lm-eval).
 # make test-integration: the integration tests on their quick cases (CI runs make test, then this).
 # make test-all: the whole suite, slow tests included.
 # The set-up installs the project editable with its `train` and `test` extras, at the versions in constraints.txt.

@@ -14,6 +14,8 @@ from retention import generate, prefill
 from retention.nn import LM, LMConfig
 from retention.serve.engine import Engine
 
+pytestmark = pytest.mark.integration  # the serving layer (retention.serve, snapshots): make test-integration
+
 BASE = LMConfig(vocab_size=61, d_model=32, n_layers=2, pattern="P", n_heads=4, n_kv_heads=2, head_dim=8, window=5)
 MAX_LEN, N = 32, 8
 

@@ -24,6 +24,8 @@ from retention.serve.quantized_state import (
     round_trip_states,
 )
 
+pytestmark = pytest.mark.integration  # the serving layer (retention.serve, snapshots): make test-integration
+
 CONFIG = LMConfig(vocab_size=61, d_model=32, n_layers=4, pattern="PDGA", n_heads=4, n_kv_heads=2, head_dim=8)
 STATE_LAYERS = (0, 1, 2)  # P, D, G
 

@@ -16,6 +16,8 @@ import retention
 from retention import fork, generate, load_snapshot, prefill, save_snapshot, snapshot_bytes
 from retention.nn import LM, LMConfig, decode_cache_bytes
 
+pytestmark = pytest.mark.integration  # the serving layer (retention.serve, snapshots): make test-integration
+
 BASE = LMConfig(vocab_size=61, d_model=32, n_layers=2, pattern="P", n_heads=4, n_kv_heads=2, head_dim=8, window=5)
 CONFIGS = {
     "P": dict(pattern="P", chunk_size=16),

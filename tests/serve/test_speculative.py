@@ -14,6 +14,8 @@ from retention import generate, prefill
 from retention.nn import LM, LMConfig
 from retention.serve.speculative import speculative_generate, verify
 
+pytestmark = pytest.mark.integration  # the serving layer (retention.serve, snapshots): make test-integration
+
 TARGET = LMConfig(vocab_size=61, d_model=32, n_layers=2, pattern="PW", n_heads=4, n_kv_heads=2, head_dim=8, window=5)
 N, K = 13, 3
 
