@@ -126,7 +126,7 @@ def _read_export(folder: str) -> tuple[dict, dict, dict]:
             f"{config_path} and {record_path} are of different exports (record sha256 {export.get('record_sha256')} "
             f"at step {export.get('step')} against {digest} at step {step}): export the run again"
         )
-    lm = LMConfig(**record["lm"])
+    lm = LMConfig.from_record(record["lm"])
     want = hf_config(lm, max_position_embeddings=max_positions(record), eos_token_id=config.get("eos_token_id"))
     if differ := sorted(k for k in want.keys() | config.keys() if want.get(k) != config.get(k)):
         raise ValueError(
@@ -159,7 +159,7 @@ def _from_export(folder: str, step: int | None, mesh: Mesh | None) -> LoadedRun:
     exported, export, weights = _read_export(folder)
     if step is not None and step != exported["step"]:
         raise ValueError(f"step must be None or {exported['step']} (the step {folder} was exported from), got {step}")
-    lm = LMConfig(**exported["record"]["lm"])
+    lm = LMConfig.from_record(exported["record"]["lm"])
     if export["layout"] == "llama":
         where = f"{folder}/{EXPORT_WEIGHTS}"
         model = build_lm(dataclasses.replace(lm, scan_layers=False), pure_from_llama(lm, weights, where), where)
@@ -197,7 +197,7 @@ def _from_checkpoints(run_dir: str, step: int | None, mesh: Mesh | None) -> Load
         for s in [step] if step is not None else reversed(steps):
             try:
                 record = ckpt.metadata(s)["record"]
-                graphdef, abstract = _abstract(LMConfig(**record["lm"]), mesh)
+                graphdef, abstract = _abstract(LMConfig.from_record(record["lm"]), mesh)
                 return LoadedRun(nnx.merge(graphdef, ckpt.restore_params(s, abstract)), record, s)
             except Exception as e:
                 if step is not None:

@@ -566,6 +566,56 @@ BUDGET = Preset(
     peak_flops=CPU.peak_flops,
 )
 
+# The recipe study: each mixer's positional encoding and decay init, chosen on evidence (docs/DESIGN.md section 3,
+# the recipe table; results/compare/recipes/NOTES.md). Every entry is the cpu preset's model (2 layers, 4 heads of
+# 16, conv 4, QK-norm, about 100k parameters) with one recipe choice, trained on the far cell with value-id filler
+# (no key id between a pair and its query: the clean cell) and with the whole-vocabulary filler (Zoology's and the
+# cpu preset's: about half of the filler are key ids, which a delta rule stores as pairs), 3 seeds each, to a
+# 1,000-step cap (the cpu preset's 600 stops D, G and M as they start to climb: cpu_budget) under the convergence
+# rule; softmax without RoPE, power at degree 4 and the window once, on the clean cell. Entries run in this order.
+RECIPE_ENTRIES = {
+    "power": Entry("power"),  # no RoPE (the recipe)
+    "power_rope": Entry("power", ("model.layers.P.rope_base=10000.0",), base="power", change="RoPE"),
+    # the same two with the lr held after warm-up (no cosine decay), on the committed far cell
+    "power_const": Entry("power", ("optim.min_lr_ratio=1.0",), base="power", change="constant lr"),
+    "power_rope_const": Entry(
+        "power",
+        ("model.layers.P.rope_base=10000.0", "optim.min_lr_ratio=1.0"),
+        base="power",
+        change="RoPE, constant lr",
+    ),
+    **{
+        f"{name}{suffix}": Entry(name, (f"model.decay_init={init}",), base=name, change=f"decay_init={init}")
+        for name in FIXED_STATE_ENTRIES
+        for suffix, init in (("_long", "long"), ("", "paper"))
+    },
+    "softmax": Entry("softmax"),  # RoPE (the recipe)
+    "softmax_norope": Entry("softmax", ("model.rope_base=null",), base="softmax", change="no RoPE"),
+    "power_deg4": Entry("power", ("model.deg=4",), base="power", change="degree 4"),
+    "swa": Entry("swa", base="softmax", change="a 19-token window"),
+}
+RECIPE_MQAR = with_overrides(MQAR_RECIPE, "trainer.steps=1000", "trainer.early_stop.min_step=600")
+RECIPE_TASK = dict(lrs=(1e-2,), seeds=(0, 1, 2), lr_extensions=0, test_scales=(1, 4), test_batches=2)
+RECIPES = Preset(
+    name="recipes",
+    model=CPU.model,
+    entries=RECIPE_ENTRIES,
+    headline=tuple(RECIPE_ENTRIES)[:11],
+    ablations=tuple(RECIPE_ENTRIES)[11:],
+    ablation_task="mqar_nokeys",
+    tasks={
+        "mqar_nokeys": Task(
+            "mqar",
+            with_overrides(RECIPE_MQAR, "data.filler=values"),
+            **RECIPE_TASK,
+            skip=("power_const", "power_rope_const"),
+        ),
+        "mqar": Task("mqar", RECIPE_MQAR, **RECIPE_TASK),
+    },
+    speed=None,
+    peak_flops=CPU.peak_flops,
+)
+
 DEMO_YAML = Path(CONFIG_DIR) / "experiment" / "mqar_demo.yaml"
 
 
@@ -610,4 +660,4 @@ DEMO = Preset(
     peak_flops=3.24e11,
 )
 
-PRESETS = {p.name: p for p in (CPU, BUDGET, GPU_SMALL, GPU, SMOKE, DEMO)}
+PRESETS = {p.name: p for p in (CPU, BUDGET, RECIPES, GPU_SMALL, GPU, SMOKE, DEMO)}

@@ -28,9 +28,16 @@ def weight_name(path) -> str:
     return jax.tree_util.keystr(path, simple=True, separator=".")
 
 
+def _one_kind(lm: LMConfig) -> LMConfig:
+    """`lm` as its layers are built when they are all of one kind (its per-layer settings applied), else `lm`."""
+    kinds = set(lm.layer_kinds)
+    return lm.for_kind(lm.layer_kinds[0]) if len(kinds) == 1 else lm
+
+
 def hf_architecture(lm: LMConfig) -> str | None:
     """The transformers architecture that runs `lm` unchanged, None when none does."""
     kinds = set(lm.layer_kinds)
+    lm = _one_kind(lm)
     if lm.conv_size or lm.rope_base is None or kinds not in ({"A"}, {"W"}):
         return None
     if kinds == {"W"}:
@@ -59,6 +66,7 @@ def hf_config(lm: LMConfig, *, max_position_embeddings: int, eos_token_id: int |
     hf_architecture has one, else RetentionLM's; both name the layer pattern and carry every mixer setting (the
     LMConfig) under "retention_lm"."""
     arch = hf_architecture(lm)
+    record, lm = dataclasses.asdict(lm), _one_kind(lm)
     config = {
         "architectures": [arch or "RetentionLM"],
         "model_type": MODEL_TYPES.get(arch, "retention"),
@@ -77,7 +85,7 @@ def hf_config(lm: LMConfig, *, max_position_embeddings: int, eos_token_id: int |
         "eos_token_id": eos_token_id,
         "layer_pattern": lm.pattern,
         "layer_mixers": [MIXERS[kind].name for kind in lm.layer_kinds],
-        "retention_lm": dataclasses.asdict(lm),
+        "retention_lm": record,
     }
     if lm.rope_base is not None:
         config["rope_parameters"] = _rope_parameters(lm)

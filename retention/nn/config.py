@@ -1,11 +1,18 @@
 """The language model's hyperparameters: `LMConfig`, validated on construction, and the layer pattern's check
-against the mixer registry."""
+against the mixer registry.
+
+Per-layer settings: `LMConfig.layers` maps a layer letter to the fields (LAYER_FIELDS) its layers take other than
+the config's own, e.g. {"P": {"rope_base": None}} (power retention without RoPE, the default: RECIPE_LAYERS) or,
+from Hydra, `model.layers.P.rope_base=10000.0`. `config.for_kind(letter)` is the config that letter's layers are
+built and sized from."""
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from retention.nn.conv import check_conv_size
 from retention.nn.layers import check_heads, check_rope_base
-from retention.nn.mamba2 import check_mamba2_dims
+from retention.nn.mamba2 import DECAY_INITS, check_mamba2_dims
 from retention.nn.power_retention import GATE_BIAS_INIT
 from retention.nn.registry import MIXERS
 from retention.nn.remat import check_remat_policy
@@ -16,6 +23,50 @@ from retention.ops.attention import KV_CACHE_BITS
 from retention.validation import check_choice, check_int, check_number
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+LAYER_FIELDS = (
+    "rope_base",
+    "window",
+    "deg",
+    "head_dim",
+    "gating",
+    "gate_bias_init",
+    "decay_init",
+    "conv_size",
+    "qk_norm",
+)
+RECIPE_LAYERS = {"P": {"rope_base": None}}  # each letter's recipe where it differs from the fields (DESIGN section 3)
+
+
+class FrozenLayers(dict):
+    """`LMConfig.layers`: a dict that refuses changes and hashes by value (an LM keeps its config in its graph,
+    which NNX hashes), so a config with per-layer settings is as immutable as the rest of the frozen dataclass."""
+
+    def __hash__(self):
+        return hash(tuple(sorted((key, tuple(sorted(value.items()))) for key, value in self.items())))
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("LMConfig.layers cannot be changed in place: use dataclasses.replace(config, layers=...)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+
+def _recipe_layers() -> dict:
+    return {letter: dict(settings) for letter, settings in RECIPE_LAYERS.items()}
+
+
+def check_layers(layers) -> FrozenLayers:
+    """layers maps letters of the mixer registry to mappings of LAYER_FIELDS; returns it frozen (FrozenLayers, the
+    inner mappings too). The values are checked by `LMConfig.for_kind`."""
+    if not isinstance(layers, Mapping):
+        raise ValueError(f"layers must be a mapping of layer letter -> settings, got {layers!r}")
+    frozen = {}
+    for letter, settings in layers.items():
+        if letter not in MIXERS:
+            raise ValueError(f"layers: {letter!r} is not a layer letter; the letters are {sorted(MIXERS)}")
+        if not isinstance(settings, Mapping) or set(settings) - set(LAYER_FIELDS):
+            raise ValueError(f"layers[{letter!r}] must be a mapping of some of {list(LAYER_FIELDS)}, got {settings!r}")
+        frozen[letter] = FrozenLayers(settings)
+    return FrozenLayers(frozen)
 
 
 def check_pattern(pattern, n_layers: int) -> None:
@@ -58,6 +109,9 @@ class LMConfig:
     param_dtype: str = "float32"
     gating: bool = True  # P layers: a learnt per-kv-head decay gate
     gate_bias_init: float = GATE_BIAS_INIT  # P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay)
+    decay_init: str = (
+        "paper"  # D, G and M layers: the decay's start, "paper" or "long" (mamba2.A_RANGES, gla.GATE_BIASES)
+    )
     qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
     qkv_bias: bool = False  # every q/k/v layer: biases on the q, k and v projections (as Qwen2)
     conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
@@ -70,8 +124,10 @@ class LMConfig:
     kv_cache_bits: int | None = None  # the A and W layers' decode cache: float (None) or quantized (8, 4 bits)
     scan_layers: bool = False  # stack the blocks by the pattern's period and run them with nnx.scan (scan.py)
     remat_policy: str = "none"  # nnx.remat per block: none, full, save_projections, offload (remat.py)
+    layers: dict[str, dict[str, Any]] = dataclasses.field(default_factory=_recipe_layers)  # per letter
 
     def __post_init__(self):
+        object.__setattr__(self, "layers", check_layers(self.layers))
         for name in ("vocab_size", "d_model", "n_layers", "window"):
             check_int(name, getattr(self, name))
         check_heads(self.n_heads, self.n_kv_heads, self.head_dim, names=("n_heads", "n_kv_heads", "head_dim"))
@@ -107,6 +163,28 @@ class LMConfig:
         if self.scan_layers:
             check_scannable(self.pattern, self.n_layers)
         check_remat_policy(self.remat_policy)
+        check_choice("decay_init", self.decay_init, DECAY_INITS)
+        for letter in self.layers:
+            try:
+                self.for_kind(letter)
+            except ValueError as error:
+                raise ValueError(f"layers[{letter!r}]: {error}") from None
+
+    @classmethod
+    def from_record(cls, fields: Mapping[str, Any]) -> "LMConfig":
+        """The LMConfig a run record, export or snapshot stored (dataclasses.asdict of one): a record written before
+        per-layer settings existed has no `layers`, and every one of its layers followed the config's fields."""
+        return cls(**{"layers": {}, **fields})
+
+    def for_kind(self, letter: str) -> "LMConfig":
+        """The config the `letter` layers are built and sized from: this one with layers[letter]'s settings (a
+        layer without RoPE drops rope_scaling too) and no per-layer settings of its own."""
+        settings = dict(self.layers.get(letter, {}))
+        if not settings:
+            return dataclasses.replace(self, layers={}) if self.layers else self
+        if settings.get("rope_base", self.rope_base) is None:
+            settings["rope_scaling"] = "none"
+        return dataclasses.replace(self, **settings, layers={})
 
     @property
     def layer_kinds(self) -> str:

@@ -7,8 +7,10 @@ v_proj and o_proj) can take those weights: P (power retention), W (sliding-windo
 and G (GLA); M (Mamba2: one fused input projection, no q/k/v) is refused.
 
 How the new parameters start, so that a converted layer starts close to the softmax layer it replaces:
-- P: the gate's kernel is 0 and its bias `gate_bias_init` (CONVERT_GATE_BIAS = 2.0 unless given), so every
-  token's gate is sigmoid(gate_bias_init) whatever the input (0.88 at 2: a key's weight halves every 5 tokens).
+- P: the softmax layers' RoPE (when the model has no P layer yet: `layers["P"]["rope_base"]` set to the A
+  layers' rope_base, since q and k were trained rotated), the gate's kernel 0 and its bias `gate_bias_init`
+  (CONVERT_GATE_BIAS = 2.0 unless given), so every token's gate is sigmoid(gate_bias_init) whatever the input
+  (0.88 at 2: a key's weight halves every 5 tokens).
   Power retention weighs key j by (q_i . k_j)^deg over the same q and k; its scale cancels in the normalisation.
   Why 2 and not near no decay: a trained softmax layer attends mostly nearby, and the held-out loss right after
   conversion (experiments/conversion_loss.py, results/conversion_loss.json: a 4-layer byte-level teacher at 1.645
@@ -112,7 +114,10 @@ def converted_config(config: LMConfig, kinds: str, settings: dict) -> LMConfig:
         )
     new_p = any(now == "P" != have for have, now in zip(config.layer_kinds, kinds))
     settings = {"gate_bias_init": CONVERT_GATE_BIAS, **settings} if new_p else settings
-    return dataclasses.replace(config, pattern=shortest_pattern(kinds), scan_layers=False, **settings)
+    layers = dict(config.layers)
+    if new_p and "P" not in config.layer_kinds:  # the P layers are all new: they keep their q and k's RoPE
+        layers["P"] = {**layers.get("P", {}), "rope_base": config.for_kind("A").rope_base}
+    return dataclasses.replace(config, pattern=shortest_pattern(kinds), scan_layers=False, layers=layers, **settings)
 
 
 def _identity_conv(conv: dict) -> dict:

@@ -39,7 +39,8 @@ def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
 
 class GatedDeltaNet(MatrixStateMixer, QKVMixer):
     """The Gated DeltaNet mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)),
-    conv_size taps of short convolution (0: none), optional QK RMSNorm before the L2 normalisation."""
+    conv_size taps of short convolution (0: none), optional QK RMSNorm before the L2 normalisation; decay_init
+    the decay's start (mamba2.A_RANGES: "paper", Mamba2's, or "long", 64 times slower)."""
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         conv_size: int = 0,
         qkv_bias: bool = False,
         norm_eps: float = 1e-6,
+        decay_init: str = "paper",
         chunk_size: int | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -68,7 +70,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
             d_model, kv_heads, use_bias=False, param_dtype=param_dtype, kernel_metadata=kv_names, rngs=rngs
         )
         self.beta_proj, self.a_proj = f32_linear(), f32_linear()
-        self.dt_bias, self.A_log = init_decay(rngs, kv_heads, param_dtype, "kv_heads")  # Mamba2's decay
+        self.dt_bias, self.A_log = init_decay(rngs, kv_heads, param_dtype, "kv_heads", decay_init)  # Mamba2's
         self.o_norm = nnx.RMSNorm(
             head_dim,
             epsilon=1e-6,
@@ -82,7 +84,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         self,
         x_BTD: Float[Array, "B T D"],
         *,
-        positions: Int[Array, "*b T"],
+        positions: Int[Array, "*b T"] | None = None,
         segment_ids: Int[Array, "B T"] | None = None,
         cache: MatrixStateCache | None = None,
         trail: bool = False,
@@ -129,6 +131,7 @@ def _build(config, *, rngs: nnx.Rngs) -> GatedDeltaNet:
         conv_size=config.conv_size,
         qkv_bias=config.qkv_bias,
         norm_eps=config.norm_eps,
+        decay_init=config.decay_init,
         chunk_size=config.chunk_size,
         dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),

@@ -27,14 +27,20 @@ from retention.ops import check_chunk_size, gated_linear_attention, gated_linear
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
+from retention.validation import check_choice
 
 GATE_RANK = 16  # the decay's low-rank projection (the paper's)
 GATE_NORMALISER = 16.0  # log-gates divided by this: decays start near 1 (the paper's)
+GATE_BIASES = {  # the decay logits' initial bias, by `decay_init` (DESIGN section 3, the recipe table)
+    "paper": 0.0,  # the paper's: log_sigmoid(0) / 16, a decay of 0.958 per token, 0.13 after 48 tokens
+    "long": 4.0,  # log_sigmoid(4) / 16: 0.9989 per token, 0.95 after 48 tokens
+}
 
 
 class GatedLinearAttention(MatrixStateMixer, QKVMixer):
     """The GLA mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)), conv_size
-    taps of short convolution (0: none), optional QK RMSNorm."""
+    taps of short convolution (0: none), optional QK RMSNorm; decay_init the decay logits' initial bias
+    (GATE_BIASES: "paper", 0, or "long", 4)."""
 
     def __init__(
         self,
@@ -47,12 +53,14 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         conv_size: int = 0,
         qkv_bias: bool = False,
         norm_eps: float = 1e-6,
+        decay_init: str = "paper",
         chunk_size: int | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
         check_chunk_size(chunk_size)
+        check_choice("decay_init", decay_init, tuple(GATE_BIASES))
         parts = dict(qk_norm=qk_norm, conv_size=conv_size, qkv_bias=qkv_bias, norm_eps=norm_eps, rope_base=None)
         parts |= dict(dtype=dtype, param_dtype=param_dtype)
         super().__init__(d_model, heads=heads, kv_heads=kv_heads, head_dim=head_dim, **parts, rngs=rngs)
@@ -63,7 +71,10 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
             d_model, GATE_RANK, use_bias=False, param_dtype=param_dtype, kernel_metadata=down_names, rngs=rngs
         )
         up_names = dict(kernel_metadata=logical_param("gate_rank", "kv_heads"), bias_metadata=logical_param("kv_heads"))
-        self.decay_up = nnx.Linear(GATE_RANK, kv_heads * head_dim, param_dtype=param_dtype, **up_names, rngs=rngs)
+        bias_init = nnx.initializers.constant(GATE_BIASES[decay_init])
+        self.decay_up = nnx.Linear(
+            GATE_RANK, kv_heads * head_dim, bias_init=bias_init, param_dtype=param_dtype, **up_names, rngs=rngs
+        )
         self.o_norm = nnx.RMSNorm(
             head_dim,
             epsilon=1e-6,
@@ -77,7 +88,7 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         self,
         x_BTD: Float[Array, "B T D"],
         *,
-        positions: Int[Array, "*b T"],
+        positions: Int[Array, "*b T"] | None = None,
         segment_ids: Int[Array, "B T"] | None = None,
         cache: MatrixStateCache | None = None,
         trail: bool = False,
@@ -122,6 +133,7 @@ def _build(config, *, rngs: nnx.Rngs) -> GatedLinearAttention:
         conv_size=config.conv_size,
         qkv_bias=config.qkv_bias,
         norm_eps=config.norm_eps,
+        decay_init=config.decay_init,
         chunk_size=config.chunk_size,
         dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),

@@ -5,7 +5,7 @@ groups of B and C (state size N each, shared by the H / n_groups heads of a grou
 - one input projection of x [B, T, D] to z (d_inner, the gate), x (d_inner), B and C (n_groups * N each), dt (H);
 - a causal depthwise convolution of `conv_size` taps (with a bias) over x, B and C (0: none), then SiLU;
 - dt = softplus(dt + dt_bias) per head (dt_bias set so dt starts log-uniform in DT_RANGE), A = -exp(A_log) per
-  head (A_log = log of uniform in A_RANGE);
+  head (A_log = log of uniform in A_RANGES[decay_init]: Mamba2's [1, 16], or [1/64, 1/4] for a long memory);
 - the SSD recurrence per head, S_t = exp(dt_t A) S_{t-1} + B_t (dt_t x_t)^T, y_t = S_t^T C_t, which is
   `retention.ops.linear_attention` with log_g = dt A, keys B, queries C, values dt x and scale 1;
 - y + D x (a skip per head), the gated RMSNorm norm(y * SiLU(z)) over each group's d_inner / n_groups channels,
@@ -37,21 +37,30 @@ from retention.ops import check_chunk_size, linear_attention, linear_attention_s
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
 from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
-from retention.validation import check_int
+from retention.validation import check_choice, check_int
 
 DT_RANGE = (1e-3, 1e-1)  # the initial step sizes dt, log-uniform
-A_RANGE = (1.0, 16.0)  # the initial rates A = exp(A_log), uniform
+A_RANGES = {  # the initial rates A = exp(A_log), uniform, by `decay_init` (DESIGN section 3, the recipe table)
+    "paper": (1.0, 16.0),  # Mamba2's: a per-token decay exp(-A dt) near 0.92 at dt's median, so 0.02 after 48 tokens
+    "long": (1 / 64, 1 / 4),  # 64 times slower: near 0.9987 per token at dt's median, 0.94 after 48 tokens
+}
+DECAY_INITS = tuple(A_RANGES)
 NORM_EPS = 1e-5
 
 
-def init_decay(rngs: nnx.Rngs, heads: int, param_dtype, heads_axis: str) -> tuple[nnx.Param, nnx.Param]:
+def init_decay(
+    rngs: nnx.Rngs, heads: int, param_dtype, heads_axis: str, decay_init: str = "paper"
+) -> tuple[nnx.Param, nnx.Param]:
     """Mamba2's decay parameters per head (logical axis `heads_axis`): dt_bias with softplus(dt_bias) log-uniform
-    in DT_RANGE, and A_log the log of a uniform draw in A_RANGE."""
+    in DT_RANGE, and A_log the log of a uniform draw in A_RANGES[decay_init] ("paper": Mamba2's [1, 16]; "long":
+    [1/64, 1/4], a memory 64 times longer at the start)."""
+    check_choice("decay_init", decay_init, DECAY_INITS)
     names = logical_param(heads_axis)
     low, high = math.log(DT_RANGE[0]), math.log(DT_RANGE[1])
     dt = jnp.exp(jax.random.uniform(rngs.params(), (heads,), minval=low, maxval=high))
     dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype), **names)  # the inverse of softplus
-    A = jax.random.uniform(rngs.params(), (heads,), minval=A_RANGE[0], maxval=A_RANGE[1])
+    a_low, a_high = A_RANGES[decay_init]
+    A = jax.random.uniform(rngs.params(), (heads,), minval=a_low, maxval=a_high)
     return dt_bias, nnx.Param(jnp.log(A).astype(param_dtype), **names)
 
 
@@ -85,6 +94,7 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         expand: int = 2,
         n_groups: int = 1,
         conv_size: int = 0,
+        decay_init: str = "paper",
         chunk_size: int | None = None,
         dtype=jnp.float32,
         param_dtype=jnp.float32,
@@ -109,7 +119,7 @@ class Mamba2(MatrixStateMixer, nnx.Module):
             shape = (self.d_inner + 2 * bc,)
             bias = jax.random.uniform(rngs.params(), shape, param_dtype, -bound, bound)
             self.conv_bias = nnx.Param(bias, **logical_param("ssm_proj"))
-        self.dt_bias, self.A_log = init_decay(rngs, self.heads, param_dtype, "ssm_heads")
+        self.dt_bias, self.A_log = init_decay(rngs, self.heads, param_dtype, "ssm_heads", decay_init)
         self.D = nnx.Param(jnp.ones((self.heads,), param_dtype), **logical_param("ssm_heads"))
         self.norm = nnx.RMSNorm(
             self.d_inner // n_groups, epsilon=NORM_EPS, use_scale=False, dtype=jnp.float32, rngs=rngs
@@ -121,7 +131,7 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         self,
         x_BTD: Float[Array, "B T D"],
         *,
-        positions: Int[Array, "*b T"],
+        positions: Int[Array, "*b T"] | None = None,
         segment_ids: Int[Array, "B T"] | None = None,
         cache: MatrixStateCache | None = None,
         trail: bool = False,
@@ -178,6 +188,7 @@ def _build(config, *, rngs: nnx.Rngs) -> Mamba2:
         expand=config.ssm_expand,
         n_groups=config.ssm_groups,
         conv_size=config.conv_size,
+        decay_init=config.decay_init,
         chunk_size=config.chunk_size,
         dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),

@@ -54,7 +54,7 @@ class Block(nnx.Module):
         options = dict(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         norm = lambda: nnx.RMSNorm(config.d_model, scale_metadata=logical_param("embed"), **options)
         self.mixer_norm = norm()
-        self.mixer = MIXERS[kind].build(config, rngs=rngs)
+        self.mixer = MIXERS[kind].build(config.for_kind(kind), rngs=rngs)
         self.mlp_norm = norm()
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 

@@ -1,9 +1,10 @@
 """The power-retention mixer (layer letter P) and its registry entry.
 
-`__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)`: cache=None is one full-sequence forward
-(the context-parallel op under a mesh whose "sequence" axis splits the tokens); with a cache the T tokens continue
-the sequence it holds, as one call of the step op (`power_retention_step`: one chunk against the state up to the
-chunk size, the chunked op from the state beyond); `prefill` is the same call into an empty cache.
+`__call__(x, *, positions=None, segment_ids=None, cache=None) -> (y, cache)` (positions: RoPE's, needed only with a
+rope_base; the recipe has none): cache=None is one full-sequence forward (the context-parallel op under a mesh whose
+"sequence" axis splits the tokens); with a cache the T tokens continue the sequence it holds, as one call of the step op
+(`power_retention_step`: one chunk against the state up to the chunk size, the chunked op from the state beyond);
+`prefill` is the same call into an empty cache.
 Its cache is a RetentionCache: the RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any
 length), each row's last segment id and, with `conv_size`, the short convolution's last conv_size - 1 inputs and
 their segment ids. With a cache, segment_ids None continues each row's document; a step whose first token has an
@@ -61,10 +62,12 @@ class RetentionCache(NamedTuple):
 
 
 class PowerRetention(QKVMixer):
-    """Power retention mixer: q, k, v projections (GQA), an optional causal short convolution on each (conv_size
-    taps, 0: none), optional QK RMSNorm and RoPE, optional per-kv-head gate log_g = log_sigmoid(x W_g + b_g) with
-    b_g initialised to gate_bias_init, the power retention op, and the output projection. `impl` is the op's (one
-    of RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward only."""
+    """Power retention mixer: q, k, v projections (GQA), a causal short convolution on each (conv_size taps, 0: none),
+    QK RMSNorm (qk_norm), optional RoPE (rope_base; None, the recipe: none), optional per-kv-head gate log_g =
+    log_sigmoid(x W_g + b_g) with b_g initialised to gate_bias_init, the power retention op, and the output
+    projection. The defaults are the recipe (docs/DESIGN.md section 3): 4 taps, QK-norm, no RoPE, the gate. `impl`
+    is the op's (one of RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward
+    only."""
 
     def __init__(
         self,
@@ -76,8 +79,8 @@ class PowerRetention(QKVMixer):
         deg: int = 2,
         gating: bool = True,
         gate_bias_init: float = GATE_BIAS_INIT,
-        qk_norm: bool = False,
-        conv_size: int = 0,
+        qk_norm: bool = True,
+        conv_size: int = 4,
         qkv_bias: bool = False,
         norm_eps: float = 1e-6,
         rope_scaling: RopeScaling | None = None,
@@ -115,7 +118,7 @@ class PowerRetention(QKVMixer):
         self,
         x_BTD: Float[Array, "B T D"],
         *,
-        positions: Int[Array, "*b T"],
+        positions: Int[Array, "*b T"] | None = None,
         segment_ids: Int[Array, "B T"] | None = None,
         cache: RetentionCache | None = None,
         trail: bool = False,

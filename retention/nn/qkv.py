@@ -153,9 +153,9 @@ class QKVMixer(nnx.Module):
 def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, *, trail: bool = False):
     """q [B, T, Hq, d], k and v [B, T, H, d] of either mixer: projections, the short convolution (continuing
     `conv_cache` when decoding; within each document of segment_ids [B, T] or None), QK RMSNorm and RoPE as
-    configured; and the new conv cache (None when not decoding or without a convolution), or with `trail` the conv
-    caches after each token stacked [T, ...] (`QKVConv.trail`). The projections' outputs are named "q_proj",
-    "k_proj" and "v_proj" for the remat policies (remat.py)."""
+    configured (positions may be None without RoPE); and the new conv cache (None when not decoding or without a
+    convolution), or with `trail` the conv caches after each token stacked [T, ...] (`QKVConv.trail`). The
+    projections' outputs are named "q_proj", "k_proj" and "v_proj" for the remat policies (remat.py)."""
     B, T, _ = x_BTD.shape
     q, k, v = (checkpoint_name(getattr(mixer, n)(x_BTD), n) for n in ("q_proj", "k_proj", "v_proj"))
     conv_trail = None
@@ -169,6 +169,10 @@ def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, 
     if mixer.qk_norm is not None:
         q, k = mixer.qk_norm(q, k)
     if mixer.rope_base is not None:
+        if positions is None:
+            raise ValueError(
+                f"positions (the tokens' RoPE positions [T] or [B, T]) are needed with rope_base={mixer.rope_base}"
+            )
         rope = lambda x: apply_rope(x, positions, mixer.rope_base, mixer.rope_scaling)
         q, k = rope(q), rope(k)
     return q, k, v, conv_trail if trail else conv_cache

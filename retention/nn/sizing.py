@@ -24,7 +24,7 @@ def _mlp_params(config: LMConfig) -> int:
 
 def _matmul_params(config: LMConfig) -> int:
     """Weights that multiply activations, per token: mixer projections, MLPs and the head (tied or not)."""
-    mixers = sum(MIXERS[kind].matmul_params(config) for kind in config.layer_kinds)
+    mixers = sum(MIXERS[kind].matmul_params(config.for_kind(kind)) for kind in config.layer_kinds)
     return mixers + config.n_layers * _mlp_params(config) + config.vocab_size * config.d_model
 
 
@@ -34,20 +34,22 @@ def count_params(config: LMConfig) -> int:
     total = config.vocab_size * D * (1 if config.tie_embeddings else 2)
     total += (2 * config.n_layers + 1) * D  # block norms and the final norm
     total += config.n_layers * _mlp_params(config)
-    return total + sum(MIXERS[kind].params(config) for kind in config.layer_kinds)
+    return total + sum(MIXERS[kind].params(config.for_kind(kind)) for kind in config.layer_kinds)
 
 
 def flops_per_token(config: LMConfig, T: int) -> float:
     """Forward FLOPs per token over a sequence of T tokens (DESIGN section 1): 2 per matmul weight, plus each
     layer's sequence mixing (its MixerKind's mixing_flops: scores or state, and the short convolution)."""
-    mixing = sum(MIXERS[kind].mixing_flops(config, T) for kind in config.layer_kinds)
+    mixing = sum(MIXERS[kind].mixing_flops(config.for_kind(kind), T) for kind in config.layer_kinds)
     return 2 * _matmul_params(config) + mixing
 
 
 def decode_cache_bytes(config: LMConfig, batch: int, max_len: int, *, step_tokens: int = 1) -> int:
     """Bytes of `LM(config).init_caches(batch, max_len, step_tokens=...)`: every layer's cache (its MixerKind's
     formula) plus the LMCache's length, and each row's segment id and position."""
-    layers = sum(MIXERS[kind].cache_bytes(config, batch, max_len, step_tokens) for kind in config.layer_kinds)
+    layers = sum(
+        MIXERS[kind].cache_bytes(config.for_kind(kind), batch, max_len, step_tokens) for kind in config.layer_kinds
+    )
     return layers + 4 + 8 * batch
 
 

@@ -202,7 +202,7 @@ def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
         with safetensors.safe_open(path, framework="flax") as f:
             header = json.loads(f.metadata()["snapshot"])
         tensors = safetensors.flax.load_file(path)
-        config = LMConfig(**header["config"])
+        config = LMConfig.from_record(header["config"])
     except Exception as e:  # a damaged file raises whatever its reader hits
         raise ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}") from e
     if difference := _config_difference(config, model.config):

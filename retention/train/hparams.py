@@ -19,13 +19,14 @@ def cache_tag(cache_len: int) -> str:
 
 
 def architecture_hparams(lm: LMConfig) -> dict:
-    """Every field of the model as `model.<field>` (vocab_size, set by the data, as `vocab_size`); None as "none",
-    since HParams holds scalars."""
-    return {
-        f"model.{f.name}": "none" if getattr(lm, f.name) is None else getattr(lm, f.name)
-        for f in dataclasses.fields(lm)
-        if f.name != "vocab_size"
+    """Every field of the model as `model.<field>` (vocab_size, set by the data, as `vocab_size`) and each
+    per-layer setting as `model.layers.<letter>.<field>`; None as "none", since HParams holds scalars."""
+    fields = {
+        f"model.{f.name}": getattr(lm, f.name) for f in dataclasses.fields(lm) if f.name not in ("vocab_size", "layers")
     }
+    for letter, settings in lm.layers.items():
+        fields |= {f"model.layers.{letter}.{key}": value for key, value in settings.items()}
+    return {key: "none" if value is None else value for key, value in fields.items()}
 
 
 def run_hparams(cfg: Config, lm: LMConfig, n_params: int, overrides: dict | None = None) -> dict:

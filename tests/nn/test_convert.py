@@ -72,6 +72,7 @@ def test_converted_layers_keep_the_attention_weights(softmax_lm, tokens):
             gate = b["mixer"]["gate_proj"]
             np.testing.assert_array_equal(gate["kernel"], 0)
             np.testing.assert_array_equal(gate["bias"], 6.0)
+    assert config.for_kind("P").rope_base == SOURCE.rope_base  # q and k were trained rotated: P keeps RoPE
     rebuilt = nnx.eval_shape(lambda: LM(LMConfig(**dataclasses.asdict(config)), rngs=nnx.Rngs(0)))
     assert jax.tree.map(lambda x: (x.shape, x.dtype), pure(rebuilt)) == jax.tree.map(lambda x: (x.shape, x.dtype), new)
     assert np.isfinite(logits(model, tokens)).all()

@@ -127,7 +127,7 @@ def test_tiny_config_builds():
 
 def test_model_group_is_lmconfig():
     """Every LMConfig field but vocab_size is a model key; the ones no preset sets keep LMConfig's default."""
-    lm_fields = {f.name: f.default for f in dataclasses.fields(LMConfig)}
+    lm_fields = {f.name: f.default_factory() if f.name == "layers" else f.default for f in dataclasses.fields(LMConfig)}
     assert {f.name for f in dataclasses.fields(ModelConfig)} == {*lm_fields, "name", "target_params"} - {"vocab_size"}
     model = compose_config(["model=swa"]).model
     preset_keys = {"name", "pattern", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "window"}
@@ -135,6 +135,19 @@ def test_model_group_is_lmconfig():
     for name, default in lm_fields.items():
         if name not in preset_keys | {"vocab_size"}:
             assert getattr(model, name) == default, name
+
+
+def test_per_layer_settings_from_the_command_line():
+    """`model.layers.<letter>.<field>` sets one layer kind's field (a key the recipe does not set takes Hydra's +):
+    the hybrid keeps RoPE in its A layers and gets it in its P layers here, with a head dim of its own for A; a
+    bad per-layer value stops at start-up naming it."""
+    overrides = [*TINY, "model.layers.P.rope_base=500.0", "+model.layers.A.head_dim=16"]
+    lm, _ = build(compose_config(overrides))
+    assert lm.for_kind("P").rope_base == 500.0 and lm.for_kind("A").rope_base == lm.rope_base
+    assert lm.for_kind("A").head_dim == 16 and lm.for_kind("P").head_dim == lm.head_dim
+    assert build(compose_config(TINY))[0].for_kind("P").rope_base is None  # the recipe
+    with pytest.raises(ValueError, match=r"model.layers\['P'\]: model.rope_base must be None \(no RoPE\) or a number > 1, got 0.5"):
+        build(compose_config([*TINY, "model.layers.P.rope_base=0.5"]))
 
 
 def test_param_dtype_override_builds_bfloat16_params():

@@ -57,12 +57,16 @@ def test_a_sweep_shares_tags_and_has_one_row_per_run(tmp_path):
 
 
 def test_hparams_hold_every_architecture_field():
-    """Each LMConfig field is an HParams key `model.<field>` with the run's value (None as "none"): a sweep over
-    conv_size, qk_norm or gating is told apart in the HParams tab."""
+    """Each LMConfig field is an HParams key `model.<field>` with the run's value (None as "none"), and each
+    per-layer setting `model.layers.<letter>.<field>`: a sweep over conv_size, qk_norm, gating or P's RoPE is told
+    apart in the HParams tab."""
     lm = LMConfig(pattern="PA", n_layers=2, conv_size=3, qk_norm=True, gating=False, deg=4, head_dim=16, window=7)
+    lm = dataclasses.replace(lm, layers={"P": {"rope_base": None, "deg": 2}, "A": {"window": 3}})
     values = architecture_hparams(lm)
-    fields = {f.name for f in dataclasses.fields(LMConfig)} - {"vocab_size"}
-    assert set(values) == {f"model.{name}" for name in fields}
+    fields = {f.name for f in dataclasses.fields(LMConfig)} - {"vocab_size", "layers"}
+    layers = {"model.layers.P.rope_base", "model.layers.P.deg", "model.layers.A.window"}  # each per-layer setting
+    assert set(values) == {f"model.{name}" for name in fields} | layers
+    assert values["model.layers.P.rope_base"] == "none" and values["model.layers.P.deg"] == 2
     assert values["model.conv_size"] == 3 and values["model.qk_norm"] is True and values["model.gating"] is False
     assert values["model.deg"] == 4 and values["model.head_dim"] == 16 and values["model.window"] == 7
     assert values["model.chunk_size"] == "none" and values["model.kv_cache_bits"] == "none"
