@@ -146,7 +146,8 @@ def test_per_layer_settings_from_the_command_line():
     assert lm.for_kind("P").rope_base == 500.0 and lm.for_kind("A").rope_base == lm.rope_base
     assert lm.for_kind("A").head_dim == 16 and lm.for_kind("P").head_dim == lm.head_dim
     assert build(compose_config(TINY))[0].for_kind("P").rope_base is None  # the recipe
-    with pytest.raises(ValueError, match=r"model.layers\['P'\]: model.rope_base must be None \(no RoPE\) or a number > 1, got 0.5"):
+    refused = r"model.layers\['P'\]: model.rope_base must be None \(no RoPE\) or a number > 1, got 0.5"
+    with pytest.raises(ValueError, match=refused):
         build(compose_config([*TINY, "model.layers.P.rope_base=0.5"]))
 
 
