@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
@@ -67,23 +68,14 @@ def generate(
     after every decode step (`retention.serve.quantized_state.round_trip_states`), as a state stored quantized.
     """
     check_int("max_new_tokens", max_new_tokens)
-    check_number("temperature", temperature, low=0.0)  # 0 = greedy; NaN and inf are refused
     vocab = model.config.vocab_size
-    if top_k is not None:
-        check_int("top_k", top_k)
-        if top_k > vocab:
-            raise ValueError(f"top_k must be <= vocab_size={vocab}, got {top_k}")
-    if eos_id is not None and (isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < vocab):
-        raise ValueError(f"eos_id must be None or an int in [0, vocab_size={vocab}), got {eos_id!r}")
+    check_sampling(vocab, temperature=temperature, top_k=top_k, key=key, eos_id=eos_id)
     if state_format is not None:
         from retention.serve.quantized_state import STATE_FORMATS  # serve builds on this module
 
         check_choice("state_format", state_format, STATE_FORMATS)
     greedy = temperature == 0
-    if key is None and not greedy:
-        raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
-    if getattr(prompt_BT, "ndim", None) != 2 or not jnp.issubdtype(prompt_BT.dtype, jnp.integer):
-        raise ValueError(f"prompt must be an int array [B, T0], got {getattr(prompt_BT, 'shape', prompt_BT)}")
+    check_prompt("prompt", prompt_BT, empty=start is not None)  # a snapshot's suffix may be empty
     segment_ids = None if prompt_lengths is None else _prompt_segments(prompt_lengths, *prompt_BT.shape)
     _check_prompt_ids(prompt_BT, segment_ids, vocab)
     graphdef, state = nnx.split(model)
@@ -92,12 +84,12 @@ def generate(
     prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
     options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy, "state_format": state_format}
     if start is not None:
-        from retention.serve.snapshot import check_snapshot, extend  # serve builds on this module
+        from retention.serve.snapshot import check_snapshot, extend_checked  # serve builds on this module
 
-        check_snapshot(model, start, "start")
+        check_snapshot(model, start, "start", state)
         if prompt_lengths is not None:
             raise ValueError("prompt_lengths must be None with start= (the snapshot holds each row's prompt)")
-        start = extend(model, start, prompt_BT)
+        start = extend_checked(model, start, prompt_BT)
         if "A" in model.config.layer_kinds and int(start.caches.length) + max_new_tokens > start.max_len:
             raise ValueError(
                 f"start holds {int(start.caches.length)} tokens of max_len={start.max_len}: no room for "
@@ -106,6 +98,31 @@ def generate(
         new_BN = _continue(graphdef, state, start.logits, start.caches, key, jnp.float32(temperature), eos, **options)
         return Generated(jnp.concatenate([prompt_BT, new_BN], axis=1), prompt_BT.shape[1] + _stopped(new_BN, eos))
     return Generated(*_generate(graphdef, state, prompt_BT, segment_ids, key, jnp.float32(temperature), eos, **options))
+
+
+def check_sampling(vocab_size: int, *, temperature, top_k, key, eos_id) -> None:
+    """The sampling settings `generate` and the slot engine share: temperature a finite number >= 0 (0: greedy),
+    top_k None or an int in [1, vocab_size], a key unless greedy, eos_id None or an id in [0, vocab_size)."""
+    check_number("temperature", temperature, low=0.0)  # 0 = greedy; NaN and inf are refused
+    if top_k is not None:
+        check_int("top_k", top_k)
+        if top_k > vocab_size:
+            raise ValueError(f"top_k must be <= vocab_size={vocab_size}, got {top_k}")
+    if eos_id is not None:
+        is_int = isinstance(eos_id, (int, np.integer)) and not isinstance(eos_id, bool)
+        if not is_int or not 0 <= eos_id < vocab_size:
+            raise ValueError(f"eos_id must be None or an int in [0, vocab_size={vocab_size}), got {eos_id!r}")
+    if key is None and temperature > 0:
+        raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
+
+
+def check_prompt(name: str, tokens_BT, *, empty: bool = False) -> None:
+    """`tokens_BT` (the argument `name`) is an int array [B, T] with T >= 1 (T = 0 too when `empty`)."""
+    if getattr(tokens_BT, "ndim", None) != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
+        raise ValueError(f"{name} must be an int array [B, T], got {getattr(tokens_BT, 'shape', tokens_BT)}")
+    if tokens_BT.shape[1] == 0 and not empty:
+        shape = tuple(tokens_BT.shape)
+        raise ValueError(f"{name} is an empty prompt (shape {shape}): a prompt needs at least one token")
 
 
 def _prompt_segments(prompt_lengths, B: int, T0: int) -> Int[Array, "B T0"]:

@@ -6,10 +6,11 @@ the tokenizer's identity, the split rule). A file is written to a temporary name
 killed run never leaves a half-written cache; the ids are written one piece at a time (retention/data/encode.py
 encodes a batch of pieces at once), never held whole.
 
-Beside each file `<name>` lies `<name>.sum.json`: its id count, dtype, largest id and blake2b digest, written
-after it. Every load reads the file through once and checks it against them and the vocab: a file that is
-missing its sum, cut short, changed by one bit or holding an id beyond the vocab is never trained on; it is
-rebuilt from the source with a warning naming it.
+Beside each file `<name>` lies `<name>.sum.json`: the file's name, its id count, dtype, largest id and blake2b
+digest, written after it. Every load reads the file through once and checks it against them and the vocab: a file
+that is missing its sum, cut short, changed by one bit, holding an id beyond the vocab or copied with its sum file
+from another cache (another corpus's or tokenizer's ids under this name) is never trained on; it is rebuilt from
+the source with a warning naming it.
 """
 
 import hashlib
@@ -77,17 +78,23 @@ def _write(path: str, pieces: Iterable[np.ndarray], dtype: np.dtype, vocab_size:
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
     _write_atomically(path, write)
-    summary = {"ids": count, "dtype": dtype.name, "largest_id": largest, "blake2b": digest.hexdigest()}
+    summary = {"file": os.path.basename(path), "ids": count, "dtype": dtype.name, "largest_id": largest}
+    summary["blake2b"] = digest.hexdigest()
     _write_atomically(sum_path(path), lambda f: f.write(json.dumps(summary).encode()))
 
 
 def damage(path: str, dtype: np.dtype, vocab_size: int) -> str | None:
-    """What is wrong with the cache file at `path` (its sum file missing or unreadable, its size, digest or ids
-    other than the sum says, an id beyond the vocab), or None when it is whole."""
+    """What is wrong with the cache file at `path` (its sum file missing, unreadable or of another file, its size,
+    digest or ids other than the sum says, an id beyond the vocab), or None when it is whole."""
     try:
         with open(sum_path(path)) as f:
             summary = json.load(f)
         count, largest, expected = int(summary["ids"]), int(summary["largest_id"]), summary["blake2b"]
+        if summary.get("file") != os.path.basename(path):
+            return (
+                f"its sum file is of {summary.get('file')!r}, not of this file (copied from another cache, or "
+                "written before sum files named their cache)"
+            )
         if summary["dtype"] != dtype.name:
             return f"it holds {summary['dtype']} ids, expected {dtype.name}"
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -6,7 +6,8 @@ Mapped: architectures (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM: q
 q/k RMSNorm over the head dim), vocab_size, hidden_size, intermediate_size (the SwiGLU width, exactly),
 num_hidden_layers, num_attention_heads, num_key_value_heads (GQA), head_dim, rms_norm_eps, tie_word_embeddings,
 RoPE's theta and scaling (rope_parameters, or the older rope_theta and rope_scaling: types default, linear and
-llama3), Mistral's sliding_window (every layer a W layer of that window; None: A layers).
+llama3; rope_scaling first when both are given, as transformers reads them), Mistral's sliding_window (every layer
+a W layer of that window; None: A layers).
 """
 
 from retention.nn import LMConfig
@@ -42,10 +43,21 @@ def _refuse_unless(ok: bool, where: str, field: str, value, allowed: str) -> Non
         raise ValueError(f"{where}: {field}={value!r} is not supported by the import ({allowed})")
 
 
+def _number(value, where: str, field: str) -> float:
+    """`value` (the config field `field`) as a float; ValueError naming `where` and the field when it is no number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {field}={value!r} must be a number")
+    return float(value)
+
+
 def _rope(hf: dict, where: str) -> dict:
-    """LMConfig's RoPE fields from rope_parameters (transformers 5) or rope_theta and rope_scaling (older)."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    """LMConfig's RoPE fields as transformers reads them: rope_scaling when it is given (older configs, or one
+    added beside transformers 5's rope_parameters), else rope_parameters; rope_theta from that dict, else the
+    top-level rope_theta, else 10000. Beside rope_scaling, a rope_parameters.rope_theta other than that theta is
+    refused (transformers drops it without a word)."""
+    scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")
+    field = "rope_scaling" if scaling else "rope_parameters"
+    params = scaling or parameters or {}
     _refuse_unless(isinstance(params, dict), where, field, params, "a dict")
     _refuse_unless("full_attention" not in params, where, field, params, "one RoPE for every layer")
     for key in params:
@@ -57,16 +69,23 @@ def _rope(hf: dict, where: str) -> dict:
     kind = params.get(key, "default")
     allowed = "rope_type default, linear or llama3"
     _refuse_unless(kind in ("default", "linear", "llama3"), where, f"{field}.{key}", kind, allowed)
-    out = dict(rope_base=float(params.get("rope_theta", hf.get("rope_theta", 10000.0))))
+    theta_field = f"{field}.rope_theta" if "rope_theta" in params else "rope_theta"
+    theta = _number(params.get("rope_theta", hf.get("rope_theta", 10000.0)), where, theta_field)
+    if scaling and isinstance(parameters, dict) and "rope_theta" in parameters:
+        ignored = _number(parameters["rope_theta"], where, "rope_parameters.rope_theta")
+        allowed = f"rope_scaling is read instead, with rope_theta={theta}: put rope_theta in rope_scaling"
+        _refuse_unless(ignored == theta, where, "rope_parameters.rope_theta", parameters["rope_theta"], allowed)
+    out = dict(rope_base=theta)
+    factor = lambda name: _number(params.get(name), where, f"{field}.{name}")
     if kind == "linear":
-        out |= dict(rope_scaling="linear", rope_factor=float(params["factor"]))
+        out |= dict(rope_scaling="linear", rope_factor=factor("factor"))
     elif kind == "llama3":
         original = params.get("original_max_position_embeddings", hf.get("max_position_embeddings"))
         out |= dict(
             rope_scaling="llama3",
-            rope_factor=float(params["factor"]),
-            rope_low_freq_factor=float(params["low_freq_factor"]),
-            rope_high_freq_factor=float(params["high_freq_factor"]),
+            rope_factor=factor("factor"),
+            rope_low_freq_factor=factor("low_freq_factor"),
+            rope_high_freq_factor=factor("high_freq_factor"),
             rope_original_max_len=original,
         )
     return out

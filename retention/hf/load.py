@@ -4,8 +4,12 @@ attention layers (A; W for Mistral's sliding window) and its tokenizer.
     model, tokenizer = retention.hf.load_hf("Qwen3-0.6B")
     logits = model(jnp.asarray(tokenizer.encode("def f(x):"))[None])
 
-The parameters are float32 whatever the checkpoint's dtype (bfloat16 and float16 convert exactly)."""
+The parameters are float32 whatever the checkpoint's dtype (bfloat16 and float16 convert exactly). A config that
+ties the embeddings over a file holding a head of its own gets that head, untied, with a warning, as in
+transformers."""
 
+import dataclasses
+import logging
 import os
 
 import jax
@@ -15,8 +19,10 @@ from flax import nnx
 from retention.data.tokenizer import HFTokenizer
 from retention.hf.config_in import lm_config_from_hf
 from retention.hf.files import CONFIG, read_json, read_tokenizer, read_weights
-from retention.hf.names import pure_from_llama
+from retention.hf.names import own_head, pure_from_llama
 from retention.nn import LM, LMConfig
+
+log = logging.getLogger(__name__)
 
 
 def build_lm(lm: LMConfig, pure: dict, where: str) -> LM:
@@ -47,5 +53,14 @@ def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
     config = read_json(config_path)
     lm = lm_config_from_hf(config, config_path)
     tokenizer = read_tokenizer(folder, config)
-    pure = pure_from_llama(lm, read_weights(folder), f"the weights in {folder}")
+    tensors = read_weights(folder)
+    if lm.tie_embeddings and own_head(tensors):
+        log.warning(
+            "%s: tie_word_embeddings is true but the weights in %s hold an lm_head.weight other than "
+            "model.embed_tokens.weight: that head is kept, untied, as transformers does (set tie_word_embeddings to "
+            "false to say so)",
+            *(config_path, folder),
+        )
+        lm = dataclasses.replace(lm, tie_embeddings=False)
+    pure = pure_from_llama(lm, tensors, f"the weights in {folder}")
     return build_lm(lm, pure, folder), tokenizer

@@ -6,6 +6,7 @@ heads need no permutation: q_proj's output is head-major in both ([Hq, d] per to
 (x_i, x_{i + d/2}) in both (rotate_half), and query head h reads kv head h // (Hq / H) in both.
 """
 
+import jax.numpy as jnp
 import numpy as np
 
 from retention.nn import LMConfig
@@ -40,19 +41,32 @@ def llama_table(lm: LMConfig) -> list[tuple[tuple, str, bool]]:
     return table
 
 
+def own_head(tensors: dict[str, np.ndarray]) -> bool:
+    """Whether `tensors` hold an lm_head.weight other than the embedding (transformers then keeps it, untied, even
+    when the config ties the embeddings)."""
+    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    return head is not None and not (embedding is not None and np.array_equal(head, embedding))
+
+
 def pure_from_llama(lm: LMConfig, tensors: dict[str, np.ndarray], where: str) -> dict:
     """The unscanned LM's parameters as a pure dict (nnx.to_pure_dict's nesting) from Llama-layout `tensors`;
-    ValueError naming `where` and the tensors missing or not of this model (a tied lm_head and RoPE's saved
-    frequencies are skipped)."""
+    ValueError naming `where` and the tensors missing, not of this model or not floating-point (an lm_head equal to the
+    tied embedding and RoPE's saved frequencies are skipped)."""
     table = llama_table(lm)
     wanted = {name for _, name, _ in table}
-    skipped = {"lm_head.weight"} if lm.tie_embeddings else set()
+    skipped = {"lm_head.weight"} if lm.tie_embeddings and not own_head(tensors) else set()
     extra = sorted(n for n in tensors.keys() - wanted - skipped if not n.endswith(IGNORED))
     missing = sorted(wanted - tensors.keys())
     if missing or extra:
         raise ValueError(
             f"{where} does not hold the tensors of this model (config.json's): missing {missing[:4]}"
             f"{' ...' if len(missing) > 4 else ''}, not of it {extra[:4]}{' ...' if len(extra) > 4 else ''}"
+        )
+    if not_float := [n for n in sorted(wanted) if not jnp.issubdtype(tensors[n].dtype, jnp.floating)]:
+        name = not_float[0]
+        raise ValueError(
+            f"{where}: {name} is {tensors[name].dtype}, not a floating-point tensor (integer or quantized weights are "
+            f"not imported; tensors that are not float: {not_float[:4]})"
         )
     pure = {}
     for path, name, transposed in table:

@@ -16,10 +16,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from retention.generation import check_prompt, check_sampling
 from retention.nn import LM
 from retention.serve.quantized_state import STATE_FORMATS, round_trip_states
 from retention.serve.snapshot import Snapshot, check_snapshot, prefill
-from retention.validation import check_choice, check_int, check_number
+from retention.validation import check_choice, check_int
 
 
 @dataclasses.dataclass
@@ -77,15 +78,7 @@ class Engine:
         one-row Snapshot. Returns its id. Raises ValueError when every slot holds a request."""
         vocab = self.model.config.vocab_size
         check_int("max_new_tokens", max_new_tokens)
-        check_number("temperature", temperature, low=0)
-        if top_k is not None:
-            check_int("top_k", top_k)
-            if top_k > vocab:
-                raise ValueError(f"top_k must be <= vocab_size={vocab}, got {top_k}")
-        if key is None and temperature > 0:
-            raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
-        if eos_id is not None:
-            check_int("eos_id", eos_id, low=0)
+        check_sampling(vocab, temperature=temperature, top_k=top_k, key=key, eos_id=eos_id)
         if None not in self.requests:
             raise ValueError(f"the slot batch is full: all slots={self.slots} hold requests (step until one leaves)")
         snapshot = self._snapshot(start)
@@ -111,6 +104,7 @@ class Engine:
                 prompt = prompt[None]
             if prompt.ndim != 2 or prompt.shape[0] != 1:
                 raise ValueError(f"a prompt must be an int array [T] or [1, T], got shape {prompt.shape}")
+            check_prompt("start", prompt)
             return prefill(self.model, prompt, max_len=self.max_len, step_tokens=self.step_tokens)
         check_snapshot(self.model, start, "start")
         if start.rows != 1:

@@ -5,9 +5,11 @@ values, float or quantized; the tokens seen; each row's segment id and next RoPE
 logits (the first new token's distribution) and, as static fields, the model config it came from, a digest of the
 model's weights, max_len and step_tokens (the caches' shapes). `prefill` makes one; `extend` runs more tokens into
 it; `generate(model, suffix, n, start=snapshot)` continues from it; `fork` copies a one-row snapshot to n rows;
-`save_snapshot` / `load_snapshot` write and read one safetensors file with a checksum pair per array, its
-recurrent states float32 or quantized per row (`save_snapshot(..., state_format=8 | 4 | "fp8")`: quantized_state.py;
-fp8 values are stored as their bytes, uint8, since the file's flax reader has no float8 type).
+`save_snapshot` / `load_snapshot` write and read one safetensors file (of FORMAT; its folder made when missing)
+with a checksum pair per array, its recurrent states float32 or quantized per row (`save_snapshot(...,
+state_format=8 | 4 | "fp8")`: quantized_state.py; fp8 values are stored as their bytes, uint8, since the file's flax
+reader has no float8 type). Every path that continues a snapshot checks its config, that its states are float32
+and that its weights digest is the model's (`check_snapshot`; the digest computed once per set of weights).
 
 Files are safetensors, not Orbax: a snapshot is a few arrays written and read whole, which safetensors keeps in one
 file with a JSON header (the config, shapes and checksums); Orbax writes a folder of several files through its
@@ -18,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import weakref
 from functools import partial
 
 import jax
@@ -27,7 +30,7 @@ import safetensors.flax
 from flax import nnx
 from jaxtyping import Array, Float
 
-from retention.generation import _check_prompt_ids, _prompt_segments
+from retention.generation import _check_prompt_ids, _prompt_segments, check_prompt
 from retention.nn import LM, LMCache, LMConfig
 from retention.train.checksum import mismatched, tree_checksums
 from retention.validation import check_int, concrete
@@ -60,10 +63,27 @@ class Snapshot:
         return self.logits.shape[0]
 
 
-def weights_digest(model: LM) -> str:
-    """sha256 of the checksum pair of every parameter array (retention/train/checksum.py), computed on the device."""
-    sums, _ = tree_checksums(nnx.state(model, nnx.Param))
-    return hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()
+# model -> (weak references to the parameter arrays its digest was computed from, the digest)
+_DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def weights_digest(model: LM, state: nnx.State | None = None) -> str:
+    """sha256 of the checksum pair of every parameter array (retention/train/checksum.py), computed on the device
+    once per set of arrays: it is kept per model beside weak references to the arrays it was computed from, and
+    reused while the model holds those very arrays. JAX arrays are immutable, so any change of weights in place
+    (nnx.update, an optimizer step, assigning a Variable's value) puts other arrays in the model and the digest is
+    computed again; a model holding other (mutable) arrays is hashed every time. `state`: the model's nnx.state
+    (or nnx.split's) when the caller holds it, which saves walking the model's graph again."""
+    params = nnx.state(model, nnx.Param) if state is None else nnx.filter_state(state, nnx.Param)
+    leaves = jax.tree.leaves(params)
+    known = _DIGESTS.get(model)
+    if known is not None and len(known[0]) == len(leaves) and all(r() is x for r, x in zip(known[0], leaves)):
+        return known[1]
+    sums, _ = tree_checksums(params)
+    digest = hashlib.sha256(json.dumps(sums, sort_keys=True).encode()).hexdigest()
+    if all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in leaves):
+        _DIGESTS[model] = (tuple(weakref.ref(x) for x in leaves), digest)
+    return digest
 
 
 def _config_difference(saved: LMConfig, model: LMConfig) -> str | None:
@@ -73,13 +93,30 @@ def _config_difference(saved: LMConfig, model: LMConfig) -> str | None:
     return ", ".join(diff) or None
 
 
-def check_snapshot(model: LM, snapshot, name: str = "start") -> None:
-    """`snapshot` (the argument `name`) is a Snapshot made by a model of `model`'s config (TypeError, ValueError
-    naming the differing fields)."""
+def _check_float_states(snapshot: Snapshot, name: str) -> None:
+    """`snapshot` (the argument `name`) holds its recurrent states in float32, not quantized (ValueError)."""
+    from retention.serve.quantized_state import state_format_of  # it builds on this module
+
+    if (state_format := state_format_of(snapshot)) is not None:
+        raise ValueError(
+            f"{name}'s recurrent states are quantized ({state_format!r}): call dequantize_states({name}) "
+            "(retention.serve) to continue from it"
+        )
+
+
+def check_snapshot(model: LM, snapshot, name: str = "start", state: nnx.State | None = None) -> None:
+    """`snapshot` (the argument `name`) is a Snapshot, its states in float32, prefilled by a model of `model`'s
+    config and weights (TypeError; ValueError naming the differing fields, the quantized states or the weights).
+    The weights' digest is computed once per set of parameter arrays (`weights_digest`, given `state`)."""
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"{name} must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
     if difference := _config_difference(snapshot.config, model.config):
         raise ValueError(f"{name} comes from another model config: {difference}")
+    _check_float_states(snapshot, name)
+    if snapshot.weights_digest != weights_digest(model, state):
+        raise ValueError(
+            f"{name} was prefilled by a model with other weights (its weights digest differs from this model's)"
+        )
 
 
 def prefill(
@@ -93,8 +130,7 @@ def prefill(
     """Run a prompt [B, T] into fresh caches for up to max_len tokens in all, later fed in steps of up to
     step_tokens tokens: the Snapshot to continue from. prompt_lengths [B]: ragged prompts, left-padded, as in
     `generate` (row b's prompt is its last prompt_lengths[b] tokens; each row continues as its prompt alone)."""
-    if getattr(tokens_BT, "ndim", None) != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
-        raise ValueError(f"tokens must be an int array [B, T], got {getattr(tokens_BT, 'shape', tokens_BT)}")
+    check_prompt("tokens", tokens_BT)
     check_int("max_len", max_len)
     check_int("step_tokens", step_tokens)
     segment_ids = None if prompt_lengths is None else _prompt_segments(prompt_lengths, *tokens_BT.shape)
@@ -111,6 +147,11 @@ def extend(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
     snapshot.step_tokens tokens when the model has sliding-window layers (their ring buffer holds that many), in
     one step otherwise. n = 0 returns the snapshot."""
     check_snapshot(model, snapshot, "snapshot")
+    return extend_checked(model, snapshot, tokens_Bn)
+
+
+def extend_checked(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
+    """`extend` of a snapshot `check_snapshot` has passed for `model` (`generate` checks it as its start)."""
     if getattr(tokens_Bn, "ndim", None) != 2 or tokens_Bn.shape[0] != snapshot.rows:
         raise ValueError(f"tokens must be an int array [B={snapshot.rows}, n], got {getattr(tokens_Bn, 'shape', None)}")
     n = tokens_Bn.shape[1]
@@ -147,6 +188,7 @@ def fork(snapshot: Snapshot, n: int) -> Snapshot:
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
     check_int("n", n)
+    _check_float_states(snapshot, "snapshot")
     if snapshot.rows != 1:
         raise ValueError(f"fork needs a one-row snapshot, got {snapshot.rows} rows")
     one = _abstract_caches(snapshot.config, 1, snapshot.max_len, snapshot.step_tokens)
@@ -178,6 +220,8 @@ def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=N
     if state_format is not None:
         snapshot = quantize_states(snapshot, state_format)
     checksums, _ = tree_checksums(snapshot)
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     header = {
         "format": FORMAT,
         "config": dataclasses.asdict(snapshot.config),
@@ -188,23 +232,30 @@ def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=N
         "state_format": state_format_of(snapshot),
         "checksums": checksums,
     }
-    safetensors.flax.save_file(_tensors(snapshot), os.fspath(path), metadata={"snapshot": json.dumps(header)})
+    safetensors.flax.save_file(_tensors(snapshot), path, metadata={"snapshot": json.dumps(header)})
 
 
 def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
     """The snapshot saved at `path`, for `model` (its states quantized when they were saved so: `dequantize_states`
-    to continue): ValueError naming the file when it cannot be read or an array fails its checksum, and naming
-    the differing fields when it comes from another config (or other weights)."""
+    to continue): ValueError naming the file when it cannot be read, is of another format than FORMAT or an array
+    fails its checksum, and naming the differing fields when it comes from another config (or other weights)."""
     from retention.serve.quantized_state import STATE_FORMATS, quantize_states  # it builds on this module
 
     path = os.fspath(path)
+    damaged = lambda e: ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}")
     try:
         with safetensors.safe_open(path, framework="flax") as f:
             header = json.loads(f.metadata()["snapshot"])
+        kind = header["format"]
+    except Exception as e:  # a damaged file raises whatever its reader hits
+        raise damaged(e) from e
+    if kind != FORMAT:
+        raise ValueError(f"snapshot file {path} is of format {kind!r}: this version reads {FORMAT!r} only")
+    try:
         tensors = safetensors.flax.load_file(path)
         config = LMConfig.from_record(header["config"])
-    except Exception as e:  # a damaged file raises whatever its reader hits
-        raise ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        raise damaged(e) from e
     if difference := _config_difference(config, model.config):
         raise ValueError(f"snapshot file {path} comes from another model config: {difference}")
     state_format = header.get("state_format")

@@ -1,11 +1,12 @@
 """The token cache is never trained on unchecked: a flipped bit, a file cut short (to 200 bytes, or by one
-byte), a missing sum file or an id beyond the vocab is caught on load, named in a warning, and the file is
-rebuilt from the source with the ids a fresh build gives; a folder's files that are not text are counted and
-named, never dropped without a word."""
+byte), a missing sum file, an id beyond the vocab or a whole cache copied from another corpus is caught on load,
+named in a warning, and the file is rebuilt from the source with the ids a fresh build gives; a folder's files
+that are not text are counted and named, never dropped without a word."""
 
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -96,3 +97,24 @@ def test_files_that_are_not_text_are_counted_and_named(tmp_path, caplog):
         (line,) = said
         assert line.startswith(f"skipped {len(skipped)} of the {len(names)} files of the {split} split"), line
         assert all(f"{n} ({bad[n]}" in line for n in skipped), line
+
+
+def test_a_cache_copied_from_another_corpus_is_named_and_rebuilt(tmp_path, caplog):
+    """A cache file and its sum file, both whole, copied over this corpus's (another corpus's ids under this name)
+    are not this cache: named in a warning and rebuilt."""
+    rng = np.random.default_rng(SEED)
+    make_corpus(tmp_path / "docs", rng)
+    make_corpus(tmp_path / "other", rng)
+    kwargs = dict(seq_len=8, batch_size=2, eval_fraction=0.3, cache_dir=str(tmp_path / "cache"))
+    fresh = np.array(Text(path=str(tmp_path / "docs"), **kwargs).splits["train"])
+    before = set(os.listdir(tmp_path / "cache"))
+    Text(path=str(tmp_path / "other"), **kwargs)
+    (mine,) = [f for f in before if f.endswith(".train.uint16")]
+    (theirs,) = [f for f in set(os.listdir(tmp_path / "cache")) - before if f.endswith(".train.uint16")]
+    for name in (theirs, text_cache.sum_path(theirs)):
+        shutil.copyfile(tmp_path / "cache" / name, tmp_path / "cache" / name.replace(theirs, mine))
+    with caplog.at_level(logging.WARNING):
+        again = Text(path=str(tmp_path / "docs"), **kwargs)
+    path = str(tmp_path / "cache" / mine)
+    assert f"the token cache {path} is damaged" in caplog.text and f"{theirs}" in caplog.text
+    np.testing.assert_array_equal(again.splits["train"], fresh)

@@ -1,8 +1,12 @@
 """Import: tiny random Llama, Qwen2 (q/k/v biases), Qwen3 (q/k norms), Mistral (a sliding window of 5 tokens, as W
 layers) and a tied Llama 3 with its "llama3" RoPE scaling, built and saved by transformers, give transformers'
 float32 logits after load_hf, in one forward and in a prefill then decode steps; a sharded checkpoint reads as the
-single file does; the tokenizer comes with the model; the library itself never imports torch."""
+single file does; the tokenizer comes with the model; the library itself never imports torch. Where transformers
+reads a config in its own way, load_hf follows it: a tied config whose file holds a head of its own keeps that head,
+and a rope_scaling beside rope_parameters is applied."""
 
+import json
+import logging
 import subprocess
 import sys
 
@@ -12,7 +16,7 @@ from flax import nnx
 
 from retention.hf import load_hf
 from retention.nn import count_params
-from tests.hf.common import VOCAB, save_tiny, torch_logits
+from tests.hf.common import VOCAB, save_tiny, torch, torch_logits, transformers
 from tests.train.common import ROOT
 
 pytestmark = pytest.mark.integration  # checked against transformers: make test-integration
@@ -81,3 +85,37 @@ def test_the_library_never_imports_torch():
     code = "import sys, retention, retention.hf\nprint(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def edit_config(folder, **fields) -> None:
+    """Set `fields` in the config.json saved in `folder`."""
+    path = folder / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | fields))
+
+
+def test_a_tied_config_whose_file_holds_its_own_head_keeps_that_head(tmp_path, caplog):
+    """tie_word_embeddings true, but model.safetensors holds an lm_head.weight other than the embedding:
+    transformers keeps the file's head, untied (with a warning), and so does load_hf."""
+    save_tiny(tmp_path, "LlamaForCausalLM")  # untied: the file holds its own lm_head.weight
+    edit_config(tmp_path, tie_word_embeddings=True)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    assert not torch.equal(reference.lm_head.weight, reference.model.embed_tokens.weight)
+    with caplog.at_level(logging.WARNING, logger="retention.hf.load"):
+        model, _ = load_hf(str(tmp_path))
+    assert not model.config.tie_embeddings
+    assert "tie_word_embeddings is true but" in caplog.text and "lm_head.weight" in caplog.text
+    tokens = np.random.default_rng(1).integers(0, VOCAB, (2, T))
+    assert_float32_close(np.asarray(model(jnp.asarray(tokens, jnp.int32))), torch_logits(reference, tokens))
+
+
+def test_rope_scaling_beside_rope_parameters_is_read_as_transformers_reads_it(tmp_path):
+    """A transformers-5 config (rope_parameters: theta, default) with a linear rope_scaling added: transformers
+    applies the scaling, and so does load_hf."""
+    save_tiny(tmp_path, "LlamaForCausalLM")
+    edit_config(tmp_path, rope_scaling=dict(rope_type="linear", factor=4.0))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    assert reference.config.rope_parameters["rope_type"] == "linear"
+    model, _ = load_hf(str(tmp_path))
+    assert (model.config.rope_scaling, model.config.rope_factor) == ("linear", 4.0)
+    tokens = np.random.default_rng(2).integers(0, VOCAB, (2, T))
+    assert_float32_close(np.asarray(model(jnp.asarray(tokens, jnp.int32))), torch_logits(reference, tokens))

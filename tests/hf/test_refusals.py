@@ -1,12 +1,15 @@
 """Import refuses what it cannot honour, naming it: a config field that changes the computation in a way the LM
 does not (another activation, biases Llama's layers do not have, sliding-window layers of Qwen, a RoPE scaling
-other than linear and llama3, a field it does not know), an unknown architecture, a missing or unreadable file,
-tensors that are not the config's model's."""
+other than linear and llama3, in rope_parameters or a rope_scaling beside it, a field it does not know), an unknown
+architecture, a missing or unreadable file, tensors that are not the config's model's, a field that is not a number
+where one is needed, and integer tensors."""
 
 import json
 import shutil
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from retention.hf import load_hf
 from tests.hf.common import save_tiny
@@ -83,4 +86,31 @@ def test_missing_or_damaged_files_are_named(saved, tmp_path):
         load_hf(str(folder))
     folder = edited(saved, tmp_path / "width", "llama", intermediate_size=80)
     with pytest.raises(ValueError, match=r"mlp.down.kernel is \[72, 48\], the config's model needs \[80, 48\]"):
+        load_hf(str(folder))
+
+
+def test_rope_scaling_beside_rope_parameters_is_not_ignored(saved, tmp_path):
+    """A transformers-5 config (rope_parameters: theta and default) whose rope_scaling asks for yarn is refused as
+    yarn alone is: transformers reads rope_scaling first."""
+    folder = edited(saved, tmp_path, "llama", rope_scaling=dict(rope_type="yarn", factor=4.0))
+    assert json.loads((folder / "config.json").read_text())["rope_parameters"]["rope_type"] == "default"
+    with pytest.raises(ValueError, match=r"config.json: rope_scaling.rope_type='yarn' is not supported"):
+        load_hf(str(folder))
+    linear = dict(rope_type="linear", factor=4.0)  # applied (test_import), but not over another theta
+    folder = edited(saved, tmp_path / "theta", "llama", rope_scaling=linear, rope_parameters=dict(rope_theta=5e5))
+    with pytest.raises(ValueError, match=r"rope_parameters.rope_theta=500000.0 .*rope_scaling is read instead"):
+        load_hf(str(folder))
+
+
+def test_a_non_numeric_rope_theta_or_an_integer_tensor_is_refused_by_name(saved, tmp_path):
+    folder = edited(saved, tmp_path / "theta", "llama", rope_parameters=dict(rope_theta="1e4x", rope_type="default"))
+    message = rf"{folder / 'config.json'}: rope_parameters.rope_theta='1e4x' must be a number"
+    with pytest.raises(ValueError, match=message):
+        load_hf(str(folder))
+    folder = edited(saved, tmp_path / "int8", "llama")
+    tensors = load_file(folder / "model.safetensors")
+    name = "model.layers.1.mlp.up_proj.weight"
+    tensors[name] = np.clip(np.round(tensors[name] * 100), -127, 127).astype(np.int8)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"the weights in {folder}: {name} is int8, not a floating-point tensor"):
         load_hf(str(folder))

@@ -328,3 +328,36 @@ def test_an_id_that_comes_back_starts_a_new_document_in_every_layer_kind(pattern
 
     got = decoded(returning[:, :7], [5, 5, 5, 2, 2, 5, 5])  # back to 5, then to 2, then to 5
     assert rel_err(got, decoded(numbered[:, :7], [2, 2, 2, 3, 3, 4, 4])) < 1e-6
+
+
+@pytest.mark.parametrize("pattern", ["PAWDGM", *(pytest.param(p, marks=pytest.mark.slow) for p in "PAWDGM")])
+def test_a_non_finite_input_is_nan_in_its_document_in_every_layer_kind(pattern):
+    """The non-finite contract inside an LM: a NaN or inf embedding row, fed at a token of the first document
+    (prefilled) and of the second (decoded) of a packed row, gives NaN in every logit from that token to its
+    document's end, in the full forward and in a prefill then decode steps (the third document started by a new
+    id in a step), never zeros or anything finite; every other row equals the clean model's (a later document
+    never meets an earlier one's bad keys and values in a cache). The quick case runs every mixer kind (P, A, W, D,
+    G, M) one after another; each letter alone is a further case."""
+    config = dataclasses.replace(
+        TINY, pattern=pattern, n_layers=max(2, len(pattern)), conv_size=4, qk_norm=True, tie_embeddings=False
+    )
+    model = LM(dataclasses.replace(config, ssm_state_size=8), rngs=nnx.Rngs(15))
+    toks = 1 + tokens(16, 1, 24, config.vocab_size - 1)  # ids 1..49: only the two set here are the bad id 0
+    toks = toks.at[0, 4].set(0).at[0, 14].set(0)
+    seg = jnp.asarray([[0] * 10 + [1] * 8 + [2] * 6], jnp.int32)
+    t = jnp.arange(24)
+    sees_it = ((t >= 4) & (t < 10)) | ((t >= 14) & (t < 18))
+    forward = nnx.jit(lambda m, t, s: m(t, segment_ids=s))
+    clean = forward(model, toks, seg)
+    assert bool(jnp.all(jnp.isfinite(clean)))
+    for bad in (jnp.nan, jnp.inf):
+        model.embed.embedding[...] = model.embed.embedding[...].at[0].set(bad)
+        logits, caches = model.prefill(toks[:, :12], 24, segment_ids=seg[:, :12], step_tokens=3)
+        pieces = [logits]
+        for start in range(12, 24, 3):
+            step = slice(start, start + 3)
+            logits, caches = model.decode_step(toks[:, step], caches, segment_ids=seg[:, step])
+            pieces.append(logits)
+        for got in (forward(model, toks, seg), jnp.concatenate(pieces, axis=1)):
+            assert bool(jnp.all(jnp.isnan(got[0, sees_it]))), (pattern, bad)
+            assert rel_err(got[0, ~sees_it], clean[0, ~sees_it]) < 1e-5, (pattern, bad)

@@ -1,6 +1,7 @@
 """The slot engine: requests joining and leaving at different steps (by length and by eos, from prompts of
 different lengths and from a snapshot) each get the tokens of their run alone (greedy `generate`), for P, A, W and
-a hybrid; a full slot batch and a snapshot of other shapes are refused, naming them."""
+a hybrid; a full slot batch, a snapshot of other shapes, an eos_id outside the vocabulary (as generate refuses it)
+and an empty prompt are refused, naming them."""
 
 import dataclasses
 
@@ -63,3 +64,18 @@ def test_a_snapshot_of_other_shapes_is_refused():
         engine.submit(prefill(model, jnp.concatenate([prompt(5, 4)] * 2), max_len=MAX_LEN), max_new_tokens=2)
     with pytest.raises(ValueError, match="max_new_tokens=40 does not fit"):
         engine.submit(prompt(5, 4), max_new_tokens=40)
+
+
+def test_an_eos_id_past_the_vocabulary_or_an_empty_prompt_is_refused():
+    model = LM(BASE, rngs=nnx.Rngs(0))
+    engine = Engine(model, slots=1, max_len=MAX_LEN)
+    for eos_id in (1000, BASE.vocab_size, -1):  # as generate refuses it
+        message = rf"eos_id must be None or an int in \[0, vocab_size=61\), got {eos_id}"
+        with pytest.raises(ValueError, match=message):
+            engine.submit(prompt(6, 4), max_new_tokens=2, eos_id=eos_id)
+        with pytest.raises(ValueError, match=message):
+            generate(model, prompt(6, 4), 2, temperature=0.0, eos_id=eos_id)
+    for empty in (jnp.zeros((0,), jnp.int32), jnp.zeros((1, 0), jnp.int32)):
+        with pytest.raises(ValueError, match=r"start is an empty prompt \(shape \(1, 0\)\): a prompt needs at least"):
+            engine.submit(empty, max_new_tokens=2)
+    assert engine.requests == [None]  # nothing refused took the slot

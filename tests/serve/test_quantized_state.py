@@ -4,7 +4,8 @@ scale (int8 / 4-bit: half a step, scale / 2, with the scale tight: the row's lar
 fp8 e4m3: 2^-4 of the value where x / s is normal, s 2^-10 below); attention caches untouched; a NaN row stays
 NaN; a quantized snapshot saved and loaded is bit-identical, a flipped byte refused; the live option
 re-quantizes after every decode step (greedy tokens equal a hand-written loop that does so, and differ from
-the float state's); so does the slot engine's option."""
+the float state's); so does the slot engine's option. A quantized snapshot is refused where a model would
+continue it, naming dequantize_states."""
 
 import dataclasses
 
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from retention import generate, load_snapshot, prefill, save_snapshot, snapshot_bytes
+from retention import fork, generate, load_snapshot, prefill, save_snapshot, snapshot_bytes
 from retention.nn import LM, LMConfig
-from retention.serve import Engine
+from retention.serve import Engine, extend, verify
 from retention.serve.quantized_state import (
     QuantizedArray,
     dequantize_states,
@@ -140,3 +141,23 @@ def test_live_state_is_requantized_after_every_step():
     assert [finished[i] for i in ids] == np.asarray(got[:2]).tolist()
     with pytest.raises(ValueError, match="state_format"):
         generate(model, prompt, 2, temperature=0.0, state_format=16)
+
+
+def test_a_quantized_snapshot_must_be_dequantized_to_continue():
+    """generate(start=), extend, fork, verify and the engine refuse quantized states, naming dequantize_states."""
+    model, snapshot = _model_and_snapshot()
+    packed = quantize_states(snapshot, 8)
+    message = r"(start|snapshot)'s recurrent states are quantized \(8\): call dequantize_states"
+    suffix = jnp.zeros((2, 1), jnp.int32)
+    with pytest.raises(ValueError, match=message):
+        generate(model, suffix, 2, temperature=0.0, start=packed)
+    with pytest.raises(ValueError, match=message):
+        extend(model, packed, suffix)
+    one = quantize_states(prefill(model, suffix[:1], max_len=16, step_tokens=2), "fp8")
+    with pytest.raises(ValueError, match=message.replace("8", "'fp8'")):
+        fork(one, 2)
+    with pytest.raises(ValueError, match=message.replace("8", "'fp8'")):
+        verify(model, one, suffix[:1].repeat(2, axis=1))
+    with pytest.raises(ValueError, match=message.replace("8", "'fp8'")):
+        Engine(model, slots=1, max_len=16, step_tokens=2).submit(one, max_new_tokens=2)
+    generate(model, suffix, 2, temperature=0.0, start=dequantize_states(packed))  # as the message says

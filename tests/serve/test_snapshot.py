@@ -1,20 +1,26 @@
 """Prefix snapshots: generation from a snapshot equals generation from the full prompt (greedy token for token,
 sampled with the same key) for P, A, W and a hybrid with a convolution; forked rows equal separate runs; a saved
-snapshot (quantized KV caches included) loads back bit-identical; a damaged file, another config and other weights
-are refused, naming them. Quantized KV caches are not in the equality test: a full-prompt prefill attends the
-prompt's keys in float, a snapshot's suffix attends them quantized, so the two agree to the quantization error."""
+snapshot (quantized KV caches included) loads back bit-identical, into a folder it makes; a damaged file, a file of
+an unknown format, another config and other weights are refused, naming them, and a snapshot of other weights is
+refused in memory too, on every path that continues one. Quantized KV caches are not in the equality test: a
+full-prompt prefill attends the prompt's keys in float, a snapshot's suffix attends them quantized, so the two
+agree to the quantization error."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors
+import safetensors.numpy
 from flax import nnx
 
 import retention
 from retention import fork, generate, load_snapshot, prefill, save_snapshot, snapshot_bytes
 from retention.nn import LM, LMConfig, decode_cache_bytes
+from retention.serve import Engine, extend, verify
 
 pytestmark = pytest.mark.integration  # the serving layer (retention.serve, snapshots): make test-integration
 
@@ -154,3 +160,51 @@ def test_another_config_or_other_weights_are_refused(tmp_path):
         generate(model, tokens(12, 1, 2), 3, temperature=0.0, start=snapshot.caches)
     with pytest.raises(ValueError, match="no room for max_new_tokens=30"):
         generate(model, tokens(12, 1, 2), 30, temperature=0.0, start=snapshot)
+
+
+def test_a_snapshot_of_other_weights_is_refused_on_every_path():
+    """A snapshot prefilled by another model of the same config is refused wherever a model continues it
+    (generate, extend, a fork, the engine, verify), and so is one whose model's weights changed in place since."""
+    a, b = model_of("PA conv4", seed=0), model_of("PA conv4", seed=1)
+    prefix, suffix = tokens(13, 1, PREFIX), tokens(14, 1, 2)
+    snapshot = prefill(a, prefix, max_len=32, step_tokens=4)
+    message = r"start was prefilled by a model with other weights \(its weights digest differs from this model's\)"
+    with pytest.raises(ValueError, match=message):
+        generate(b, suffix, 3, temperature=0.0, start=snapshot)
+    with pytest.raises(ValueError, match=message):
+        generate(b, suffix.repeat(2, axis=0), 3, temperature=0.0, start=fork(snapshot, 2))
+    with pytest.raises(ValueError, match=message.replace("start", "snapshot")):
+        extend(b, snapshot, suffix)
+    with pytest.raises(ValueError, match=message.replace("start", "snapshot")):
+        verify(b, snapshot, suffix)
+    with pytest.raises(ValueError, match=message):
+        Engine(b, slots=1, max_len=32, step_tokens=4).submit(snapshot, max_new_tokens=2)
+    generate(a, suffix, 3, temperature=0.0, start=snapshot)  # its own model continues it
+    nnx.update(a, nnx.state(b, nnx.Param))  # a's weights, changed in place
+    with pytest.raises(ValueError, match=message):
+        generate(a, suffix, 3, temperature=0.0, start=snapshot)
+    again = prefill(a, prefix, max_len=32, step_tokens=4)  # a holds b's weights now: b continues it
+    full = generate(b, jnp.concatenate([prefix, suffix], axis=1), 3, temperature=0.0)
+    np.testing.assert_array_equal(generate(b, suffix, 3, temperature=0.0, start=again).tokens, full.tokens[:, PREFIX:])
+
+
+def test_an_unknown_file_format_is_refused_naming_it(tmp_path):
+    model = model_of("PA conv4")
+    path = tmp_path / "prefix.safetensors"
+    save_snapshot(path, prefill(model, tokens(15, 1, PREFIX), max_len=32))
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        header = json.loads(f.metadata()["snapshot"])
+        arrays = {name: f.get_tensor(name) for name in f.keys()}
+    other = tmp_path / "other.safetensors"
+    header["format"] = "retention.snapshot/2"
+    safetensors.numpy.save_file(arrays, str(other), metadata={"snapshot": json.dumps(header)})
+    with pytest.raises(ValueError, match=rf"snapshot file {other} is of format 'retention.snapshot/2'.*snapshot/1"):
+        load_snapshot(other, model)
+
+
+def test_save_snapshot_makes_its_folder(tmp_path):
+    model = model_of("PA conv4")
+    snapshot = prefill(model, tokens(16, 1, PREFIX), max_len=32)
+    path = tmp_path / "new" / "folder" / "prefix.safetensors"
+    save_snapshot(path, snapshot)
+    assert_bitwise_equal(load_snapshot(path, model), snapshot)

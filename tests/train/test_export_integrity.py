@@ -1,6 +1,7 @@
 """An export has a checkpoint's integrity: it never shadows the run's checkpoints, a re-export cut short leaves
-the old export whole, a flipped bit in a tensor, a record or config.json of another run or a config.json whose
-sizes are not the model's is refused on load, and no symbolic link is followed when writing."""
+the old export whole, a flipped bit in a tensor, a record or config.json of another run (another run of the same
+config included, its record copied in alone or with its config.json) or a config.json whose sizes are not the
+model's is refused on load, and no symbolic link is followed when writing."""
 
 import json
 import os
@@ -131,3 +132,22 @@ def test_no_symlink_is_followed(finished_run, tmp_path):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match=r"out must be empty or an export folder, got .* holding \['notes.txt'\]"):
         export_run(str(finished_run.folder), str(tmp_path / "other"))
+
+
+def test_the_record_of_another_run_copied_into_an_export_is_refused(finished_run, tmp_path):
+    """Another run of the same config (another seed: the same shapes and config.json fields, other weights): its
+    run_record.json copied into this run's export is refused, alone (config.json names this run's record) and with
+    its config.json (the weights file names this run's record)."""
+    out = tmp_path / "out"
+    export_run(str(finished_run.folder), str(out))
+    saved = json.load(open(out / "run_record.json"))
+    other = {**saved["record"], "config": {**saved["record"]["config"], "seed": saved["record"]["config"]["seed"] + 1}}
+    digest = record_digest(other)
+    config = json.load(open(out / "config.json"))
+    other_config = {**config, "retention_export": {**config["retention_export"], "record_sha256": digest}}
+    json.dump({**saved, "record": other, "record_sha256": digest}, open(out / "run_record.json", "w"))
+    with pytest.raises(ValueError, match=r"config.json and .*run_record.json are of different exports"):
+        load_run(str(out))
+    json.dump(other_config, open(out / "config.json", "w"))
+    with pytest.raises(ValueError, match=r"model.safetensors and .*run_record.json are of different exports"):
+        load_run(str(out))

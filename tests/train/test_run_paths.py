@@ -1,7 +1,8 @@
 """What a run writes stays in its folder, and a refused launch changes nothing there: the lock file is never
 followed through a symbolic link, model.name cannot lead out of the outputs or sweep folder, a misspelt key added
 with `+` stops the run, and a launch refused by the lock or the record check leaves the owning run's .hydra/ as
-it was (the quick test of the refusals: test_run_folder.py's second-run test)."""
+it was (the quick test of the refusals: test_run_folder.py's second-run test); a launch refused before its run
+begins leaves no run folder it made."""
 
 import os
 import subprocess
@@ -75,3 +76,30 @@ def test_a_refused_launch_leaves_the_runs_hydra_files_unchanged(tmp_path):
         out = busy.communicate(timeout=300)[0]
     assert busy.returncode != 0 and "another run is training in" in out, out[-3000:]
     assert {name: (run / ".hydra" / name).read_bytes() for name in hydra} == hydra
+
+
+@pytest.mark.integration
+def test_a_refused_start_leaves_no_run_folder_it_made(tmp_path):
+    """A start refused before its run begins (a bad config value) removes the run folder it made, and the empty
+    folders above it it made; a folder that was there before keeps what it held; a sweep's refused job leaves
+    only the sweep's own multirun.yaml."""
+    bad = [*TINY, "trainer.ckpt_every=0"]
+    for run in (tmp_path / "new" / "deeper" / "run", tmp_path / "there"):
+        if run.name == "there":
+            run.mkdir()
+            (run / "notes.txt").write_text("keep me")
+        out = start_train_py(run, bad).communicate(timeout=300)[0]
+        assert "trainer.ckpt_every must be an int >= 1, got 0" in out, out[-3000:]
+    assert sorted(os.listdir(tmp_path)) == ["there"]
+    assert (tmp_path / "there" / "notes.txt").read_text() == "keep me"
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", f"hydra.sweep.dir={sweep}", *bad],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "trainer.ckpt_every must be an int >= 1" in proc.stdout + proc.stderr
+    assert os.listdir(sweep) == ["multirun.yaml"]

@@ -14,7 +14,14 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
-from retention.ops.attention.scores import MASKED, acc_dtype, online_softmax_update, poison_nonfinite, visible
+from retention.ops.attention.scores import (
+    MASKED,
+    acc_dtype,
+    online_softmax_update,
+    poison_nonfinite,
+    poison_nonfinite_kv,
+    visible,
+)
 from retention.ops.attention.validation import check_window
 from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_int, concrete
@@ -59,7 +66,10 @@ def fill_kv_cache(
     segment_ids: Int[Array, "B T"] | None = None,
 ) -> KVCache:
     """A prompt's keys, values and segment ids (positions 0..T-1; None: one document, id 0) into an empty cache:
-    the last min(T, L) of them at slots position % L (a full-attention cache must hold all T)."""
+    the last min(T, L) of them at slots position % L (a full-attention cache must hold all T). A token with a
+    non-finite key or value is stored poisoned (k = NaN, v = 0: `poison_nonfinite_kv`), as a decode step stores
+    it, so a later row of another document that skips it by mask never meets 0 * NaN."""
+    k, v = poison_nonfinite_kv(k, v)
     B, T = k.shape[:2]
     L = cache.k.shape[2]
     kept = min(T, L)
