@@ -109,9 +109,7 @@ class LMConfig:
     param_dtype: str = "float32"
     gating: bool = True  # P layers: a learnt per-kv-head decay gate
     gate_bias_init: float = GATE_BIAS_INIT  # P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay)
-    decay_init: str = (
-        "paper"  # D, G and M layers: the decay's start, "paper" or "long" (mamba2.A_RANGES, gla.GATE_BIASES)
-    )
+    decay_init: str = "long"  # D, G, M layers: the decay's start, "long" (the recipe) or "paper" (DESIGN section 3)
     qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
     qkv_bias: bool = False  # every q/k/v layer: biases on the q, k and v projections (as Qwen2)
     conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
