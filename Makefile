@@ -1,5 +1,5 @@
 # make demo: set up .venv (a Python >= 3.12 found on PATH or under pyenv) and run the main job: a Hydra sweep of
-#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, 5 to 8 minutes on
+#            softmax, a sliding window, power and a hybrid on a near and a far MQAR cell (CPU, about 9 minutes on
 #            2 idle cores), then its table and the TensorBoard command.
 # make test: the same set-up, then the quick tier of the library's tests: ops, kernels, modules, generation, data,
 #            the trainer's parts in process, on their quick cases (within 15 minutes on 2 cores; PERF_LOG, "the
