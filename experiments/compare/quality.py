@@ -255,19 +255,20 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
 
 
 def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
-    """{(task, entry, lr, seed): record} of `previous`'s runs to keep: those of each task with no finished run
-    among `records` (its folders are gone, or it has not run here), each one only when its compare.json overrides
-    are the ones the preset gives that run today, so a run made with another recipe is never carried. A task is
-    read whole from its folders or whole from `previous`, never mixed (its best learning rate is one sweep's).
+    """{(task, entry, lr, seed): record} of `previous`'s runs to keep: those of each (task, entry) with no finished
+    run among `records` (its folders are gone, or it has not run here), each one only when its compare.json
+    overrides are the ones the preset gives that run today, so a run made with another recipe is never carried. An
+    entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its best
+    learning rate is one sweep's); entries of one task may come from either.
     Marked `carried_over: true`; its folder, TensorBoard curve and checkpoints may be gone (summary.json keeps the
     eval curve). This keeps a committed quality.json's results when a later call runs other tasks on a machine
     without the earlier runs' folders."""
-    found = {r["task"] for r in records.values() if r["summary"] is not None or r["test"] is not None}
+    found = {(r["task"], r["entry"]) for r in records.values() if r["summary"] is not None or r["test"] is not None}
     out = {}
     for old in (previous or {}).get("runs", []):
         key = (old["task"], old["entry"], old["lr"], old["seed"])
         task, entry = key[0], key[1]
-        if task in found or task not in preset.tasks or entry not in preset.task_entries(task):
+        if (task, entry) in found or task not in preset.tasks or entry not in preset.task_entries(task):
             continue
         overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
         if overrides == run_overrides(preset, Run(*key)):

@@ -153,7 +153,7 @@ def fake_run(runs, preset, run: Run, accuracy: float) -> None:
 def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tmp_path):
     """The runs of a task none of whose folders is here come from the previous quality.json, marked, with the
     learning rates they were run at; never when the preset's recipe for the run changed since, and never mixed
-    with a task's runs found in folders."""
+    with an entry's runs found in folders (the task's other entries still carried)."""
     runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
     for run in stage_jobs(CARRY, runs, "sweep"):
         fake_run(runs, CARRY, run, 0.8 if run.lr == 3e-3 else 0.5)
@@ -173,9 +173,11 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
     )
     longer = dataclasses.replace(CARRY, tasks={"mqar": task})
     assert not [r for r in collect(longer, elsewhere, previous=first)["runs"] if r["summary"]]  # another recipe
-    fake_run(elsewhere, CARRY, Run("mqar", "power", 1e-3, 0), 0.1)  # the task ran here: read from its folders
+    fake_run(elsewhere, CARRY, Run("mqar", "power", 1e-3, 0), 0.1)  # power ran here: read from its folders
     mixed = [r for r in collect(CARRY, elsewhere, previous=first)["runs"] if r["summary"]]
-    assert [(r["entry"], r["lr"], r.get("carried_over")) for r in mixed] == [("power", 1e-3, None)]
+    assert [(r["lr"], r.get("carried_over")) for r in mixed if r["entry"] == "power"] == [(1e-3, None)]
+    softmax = {(r["lr"], r["seed"]) for r in mixed if r["entry"] == "softmax" and r["carried_over"]}
+    assert softmax == {k[2:] for k in finished if k[1] == "softmax"}
 
 
 TINY_TASK = Task(
