@@ -4,6 +4,7 @@ bytes of the power model's decode state on that task (the same layers, heads, he
 """
 
 from functools import cache
+from pathlib import Path
 
 from flax import nnx
 from hydra import compose, initialize_config_dir
@@ -28,6 +29,19 @@ def compose_config(overrides: list[str]) -> Config:
 def config_yaml(cfg: Config) -> str:
     """The resolved config as YAML (what each run folder keeps beside its results)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def resolved_model(cfg: Config) -> dict:
+    """The model section of a trainer Config with every default filled in (what a run folder's config.yaml keeps):
+    the recipe a run trained with, comparable across runs."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg).model)
+
+
+def model_section(config_yaml_path: Path) -> dict | None:
+    """The model section of a run folder's resolved config.yaml (`config_yaml`), or None when it has none."""
+    if not config_yaml_path.is_file():
+        return None
+    return OmegaConf.to_container(OmegaConf.load(config_yaml_path).model)
 
 
 def lm_cache_bytes(cfg: Config, length: int) -> int:

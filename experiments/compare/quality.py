@@ -17,7 +17,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from experiments.compare.evaluate import evaluate_run
-from experiments.compare.models import compose_config, config_yaml, entry_overrides, lm_cache_bytes, matched_window
+from experiments.compare.models import (
+    compose_config,
+    config_yaml,
+    entry_overrides,
+    lm_cache_bytes,
+    matched_window,
+    model_section,
+    resolved_model,
+)
 from experiments.compare.presets import Preset
 from experiments.compare.protocol import (
     Run,
@@ -211,6 +219,7 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
             "summary": read_json(folder / SUMMARY),
             "test": read_json(folder / TEST),
             "train_curve": train_loss_curve(folder / "tb"),  # kept here so a carried-over run keeps its curve
+            "model": model_section(folder / CONFIG),  # the model it trained, every default resolved: its recipe
         }
     records.update(carry_over(preset, records, previous))
     carried = {}  # (task, entry) -> the learning rates of its carried runs
@@ -254,10 +263,17 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
     return {"tasks": tasks, "entries": entries, "roles": roles, "runs": list(records.values()), "runs_dir": str(runs)}
 
 
+# Layer kinds whose defaults did not change when runs began to keep their resolved model (2026-12-03, the recipe
+# study: P lost RoPE, D, G and M took the long decay init): a record without one is carried only for these.
+UNCHANGED_KINDS = {"A", "W"}
+
+
 def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
     """{(task, entry, lr, seed): record} of `previous`'s runs to keep: those of each (task, entry) with no finished
     run among `records` (its folders are gone, or it has not run here), each one only when its compare.json
-    overrides are the ones the preset gives that run today, so a run made with another recipe is never carried. An
+    overrides are the ones the preset gives that run today and its resolved model section (`model`) is the one
+    they compose to today, so a run made with another recipe is never carried (a record from before runs kept
+    their model section is carried only for layers of A and W, whose defaults have not changed since). An
     entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its best
     learning rate is one sweep's); entries of one task may come from either.
     Marked `carried_over: true`; its folder, TensorBoard curve and checkpoints may be gone (summary.json keeps the
@@ -271,6 +287,9 @@ def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
         if (task, entry) in found or task not in preset.tasks or entry not in preset.task_entries(task):
             continue
         overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
-        if overrides == run_overrides(preset, Run(*key)):
+        if overrides != run_overrides(preset, Run(*key)):
+            continue
+        today = resolved_model(compose_config(overrides))
+        if old.get("model") == today or (old.get("model") is None and set(today["pattern"]) <= UNCHANGED_KINDS):
             out[key] = {**old, "carried_over": True}
     return out

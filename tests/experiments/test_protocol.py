@@ -144,16 +144,19 @@ CARRY = dataclasses.replace(  # two entries on one task
 
 
 def fake_run(runs, preset, run: Run, accuracy: float) -> None:
-    """A finished run's folder: its summary and its compare.json with the overrides the preset gives it."""
+    """A finished run's folder: its summary, its compare.json with the overrides the preset gives it and the
+    resolved config.yaml they compose to (as `quality.train_run` writes them)."""
     fake_summary(run.folder(runs), accuracy)
     overrides = [*run_overrides(preset, run), "trainer.peak_flops=1"]
     (run.folder(runs) / RECORD).write_text(json.dumps({**run.fields(), "overrides": overrides}))
+    (run.folder(runs) / CONFIG).write_text(config_yaml(compose_config(overrides)))
 
 
 def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tmp_path):
     """The runs of a task none of whose folders is here come from the previous quality.json, marked, with the
-    learning rates they were run at; never when the preset's recipe for the run changed since, and never mixed
-    with an entry's runs found in folders (the task's other entries still carried)."""
+    learning rates they were run at; never when the preset's recipe for the run (its overrides, or the model they
+    resolve to) changed since, and never mixed with an entry's runs found in folders (the task's other entries
+    still carried)."""
     runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
     for run in stage_jobs(CARRY, runs, "sweep"):
         fake_run(runs, CARRY, run, 0.8 if run.lr == 3e-3 else 0.5)
@@ -173,6 +176,11 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
     )
     longer = dataclasses.replace(CARRY, tasks={"mqar": task})
     assert not [r for r in collect(longer, elsewhere, previous=first)["runs"] if r["summary"]]  # another recipe
+    recipe_changed = {**first, "runs": [{**r, "model": {**r["model"], "decay_init": "paper"}} for r in first["runs"]]}
+    assert not [r for r in collect(CARRY, elsewhere, previous=recipe_changed)["runs"] if r["summary"]]
+    unrecorded = {**first, "runs": [{k: v for k, v in r.items() if k != "model"} for r in first["runs"]]}
+    carried = [r for r in collect(CARRY, elsewhere, previous=unrecorded)["runs"] if r["summary"]]
+    assert {r["entry"] for r in carried} == {"softmax"}  # A's defaults are unchanged; P's are not (RoPE off)
     fake_run(elsewhere, CARRY, Run("mqar", "power", 1e-3, 0), 0.1)  # power ran here: read from its folders
     mixed = [r for r in collect(CARRY, elsewhere, previous=first)["runs"] if r["summary"]]
     assert [(r["lr"], r.get("carried_over")) for r in mixed if r["entry"] == "power"] == [(1e-3, None)]
