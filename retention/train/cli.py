@@ -1,13 +1,13 @@
 """The Hydra entry point, installed as the console script `retention-train` (and run by the repository's
 `python train.py`): `retention-train model=hybrid data=mqar data.seq_len=256`, or a sweep with
 `retention-train -m model=softmax,power,hybrid`. Configs: retention/configs/ (package data), typed by
-retention/train/config.py. Each run trains in its Hydra run folder, under the working directory unless
-hydra.run.dir says otherwise (run.json, Orbax checkpoints in checkpoints/, TensorBoard events in tb/, summary.json,
-train.log) and resumes from its newest checkpoint when rerun with the same folder (hydra.run.dir=...). Its .hydra/
-(config.yaml, hydra.yaml, overrides.yaml) is written only once the run holds the folder and is the folder's run. A
-start refused before its run begins (run.json not written: a bad config value, say) removes the run folder Hydra
-made for it, and the empty folders above it that it made (`RemoveRefusedStart`, a Hydra callback the config
-installs); a folder that was there before is never removed.
+retention/train/config.py. Each run trains in its Hydra run folder, under the working directory unless hydra.run.dir
+says otherwise (run.json, Orbax checkpoints in checkpoints/, TensorBoard events in tb/, summary.json, a text run's
+loss_by_position.png, train.log) and resumes from its newest checkpoint when rerun with the same folder
+(hydra.run.dir=...). Its .hydra/ (config.yaml, hydra.yaml, overrides.yaml) is written only once the run holds the folder
+and is the folder's run. A start refused before its run begins (run.json not written: a bad config value, say) removes
+the run folder Hydra made for it, and the empty folders above it that it made (`RemoveRefusedStart`, a Hydra callback
+the config installs); a folder that was there before is never removed.
 """
 
 import logging

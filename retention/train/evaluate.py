@@ -7,7 +7,9 @@ under `eval[<length>]`. A new family of metrics adds its names to the dict `eval
 Text adds `bits_per_byte` (the summed nll over the labelled targets / ln 2 / the UTF-8 bytes those targets stand
 for, EOD counting one byte: comparable across tokenizers) and `loss_pos_{lo}_{hi}`, the mean loss of the targets
 at positions [lo, hi) of the window for the buckets [0, 1), [1, 2), [2, 4), ... up to the eval length: whether
-a model uses long context shows as a loss falling with position.
+a model uses long context shows as a loss falling with position. The loop draws these buckets as one curve per
+eval length (retention/train/position_plot.py): `loss_by_position.png` beside summary.json and the TensorBoard
+image `eval/loss_by_position`, refreshed at each eval.
 """
 
 import math
@@ -36,6 +38,11 @@ def position_buckets(seq_len: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in zip(edges, edges[1:]) if lo < hi]
 
 
+def position_key(lo: int, hi: int) -> str:
+    """The metric name of the mean loss at positions [lo, hi): `loss_pos_{lo}_{hi}`."""
+    return f"loss_pos_{lo}_{hi}"
+
+
 def bucket_losses(nll_T: np.ndarray, labels_T: np.ndarray) -> dict[str, float]:
     """{loss_pos_{lo}_{hi}: mean loss} per position bucket, from the summed nll [T] and label counts [T] at each
     position; NaN for a bucket without a label."""
@@ -43,7 +50,7 @@ def bucket_losses(nll_T: np.ndarray, labels_T: np.ndarray) -> dict[str, float]:
     out = {}
     for lo, hi in position_buckets(len(nll_T)):
         labels = labels_T[lo:hi].sum()
-        out[f"loss_pos_{lo}_{hi}"] = nll_T[lo:hi].sum() / labels if labels else math.nan
+        out[position_key(lo, hi)] = nll_T[lo:hi].sum() / labels if labels else math.nan
     return out
 
 

@@ -23,7 +23,8 @@ wrote them.
 
 Run folder: run.json (the run record, and `started_over`: each time every checkpoint was found damaged and the
 run started over from step 0), train.lock, checkpoints/<step>/, checkpoints_damaged/ (only when a
-checkpoint was found damaged), tb/ (TensorBoard events: one run), summary.json (when the run finished).
+checkpoint was found damaged), tb/ (TensorBoard events: one run), summary.json (when the run finished),
+loss_by_position.png (a text run: the loss by position at the latest eval, retention/train/position_plot.py).
 """
 
 import contextlib
@@ -60,6 +61,7 @@ from retention.train.init_from import Start, check_start, freeze, frozen_labels,
 from retention.train.lock import RunLock
 from retention.train.metrics import MetricsWriter, training_flops_per_token
 from retention.train.optimizer import make_optimizer
+from retention.train.position_plot import PositionPlot
 from retention.train.progress import Progress, StepDisplay
 from retention.train.record import (
     RECORD_FILE,
@@ -119,14 +121,17 @@ class Session:
     eval_step: Callable
     history: EvalHistory  # the convergence rule's metric at each eval
     last_evals: tuple[int, dict] | None = None  # (step, evals) of the latest eval
+    plot: PositionPlot | None = None  # the loss-by-position plot (None: a process that writes no files)
 
     def evaluate(self, step: int, params) -> dict[int, dict[str, float]]:
-        """Evaluate at every eval scale and write each metric as eval/x{scale}/{name} at `step`; the rule's metric
-        at the training length joins the eval history."""
+        """Evaluate at every eval scale and write each metric as eval/x{scale}/{name} at `step`, and a text run's
+        loss by position as one plot; the rule's metric at the training length joins the eval history."""
         evals = evaluate_scales(self.eval_step, params, self.cfg, self.dataset, self.put)
         tokens = step * self.cfg.data.batch_size * self.cfg.data.seq_len
         for scale, values in evals.items():
             self.writer.scalars(step, values, f"eval/x{scale}", tokens=tokens)
+        if self.plot is not None:
+            self.plot.write(step, {s * self.cfg.data.seq_len: v for s, v in evals.items()}, self.writer)
         if 1 in evals:
             self.history.add(step, evals[1][self.history.metric])
         self.last_evals = step, evals
@@ -232,7 +237,8 @@ def _train(cfg: Config, run_dir: str, lm, dataset, mesh, rules, hparams: dict, f
         progress = Progress(B * T, training_flops_per_token(lm, T), cfg.trainer.peak_flops, saved_progress)
         history = eval_history(cfg, saved_progress)
         eval_step = make_eval_step(graphdef, mesh=mesh, rules=rules)
-        session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, eval_step, history)
+        plot = PositionPlot(run_dir, f"{cfg.model.name} ({lm.layer_kinds})") if primary else None
+        session = Session(cfg, dataset, put, ckpt, writer, progress, schedule, eval_step, history, plot=plot)
         stopped = history.stopped_step()  # a run the rule stopped has nothing left to train
         traces, compile_s, final = TraceCount(), None, steps if stopped is None else max(stopped, start)
         if start < final:

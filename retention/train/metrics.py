@@ -1,11 +1,12 @@
 """TensorBoard logging (tensorboardX) and the throughput arithmetic behind tokens/s and achieved FLOP/s.
 
-One event folder per run (one run entry in TensorBoard): scalars, and the HParams session of the run written in
+One event folder per run (one run entry in TensorBoard): scalars, images, and the HParams session of the run written in
 the same folder (its hyperparameters when it starts, so a killed run has a row; its end when it finishes).
 """
 
 import os
 
+import numpy as np
 from tensorboardX import SummaryWriter
 from tensorboardX.summary import hparams
 
@@ -27,7 +28,7 @@ def throughput(tokens: int, seconds: float, flops_per_tok: float, peak_flops: fl
 
 
 class MetricsWriter:
-    """Scalars and the HParams session under `logdir`; `purge_step` drops events a killed run wrote past it."""
+    """Scalars, images and the HParams session under `logdir`; `purge_step` drops events a killed run wrote past it."""
 
     def __init__(self, logdir: str, *, purge_step: int | None = None, enabled: bool = True):
         """enabled=False (a multi-host job's other processes): every call does nothing."""
@@ -46,6 +47,19 @@ class MetricsWriter:
             self.writer.add_scalar(tag, float(value), step)
             if tokens is not None:
                 self.writer.add_scalar(TOKENS_PREFIX + tag, float(value), tokens)
+
+    def image(self, step: int, tag: str, pixels_HWC: np.ndarray) -> None:
+        """One image tagged `tag` at `step` (TensorBoard's Images tab).
+
+        Args:
+            step: the training step it belongs to.
+            tag: its TensorBoard tag.
+            pixels_HWC: uint8 pixels [H, W, C], C = 3 (RGB) or 4 (RGBA).
+        """
+        if pixels_HWC.dtype != np.uint8 or pixels_HWC.ndim != 3 or pixels_HWC.shape[2] not in (3, 4):
+            raise ValueError(f"pixels_HWC must be uint8 [H, W, 3 or 4], not {pixels_HWC.dtype} {pixels_HWC.shape}")
+        if self.enabled:
+            self.writer.add_image(tag, pixels_HWC, step, dataformats="HWC")
 
     def start_session(self, hparams_dict: dict, metric_tags: list[str]) -> None:
         """The run's row in TensorBoard's HParams tab: `hparams_dict` (scalars; others as text) and the scalar tags

@@ -151,14 +151,19 @@ def write_json(path: str, value) -> None:
 
 
 def write_text(path: str, text: str) -> None:
-    """Write `text` to `path` (its folder made if needed) atomically: a new file renamed over the old, so a reader
+    """Write `text` (UTF-8) to `path` atomically, as `write_bytes`."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write `data` to `path` (its folder made if needed) atomically: a new file renamed over the old, so a reader
     sees one or the other and a symbolic link at `path` is replaced, never followed."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # left by a killed process of the same pid; "x" then never follows a link there
-    with open(tmp, "x") as f:
-        f.write(text)
+    with open(tmp, "xb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 
