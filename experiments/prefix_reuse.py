@@ -4,6 +4,7 @@ snapshot and each request continues from it, for P, softmax (A), 4-bit-KV softma
 held per cached prefix (`snapshot_bytes`). Times are medians after a compiling warm-up (experiments/timing.py).
 
     python -m experiments.prefix_reuse [--lengths 256 1024] [--out results/prefix_reuse.json]
+    python -m experiments.prefix_reuse --plot-only    # redraw results/prefix_reuse.png from the JSON
 
 The issue's protocol, 1k to 64k-token prefixes, a 128-token suffix and 32 new tokens per request, on an idle
 machine (recomputing a 64k prefix for every request is the slow part; `--kinds` runs a subset):
@@ -23,10 +24,13 @@ import jax.numpy as jnp
 from flax import nnx
 from matplotlib.figure import Figure
 
+from experiments.plotting import color, log_ticks, save
 from experiments.timing import median_seconds
 from retention import generate, prefill, snapshot_bytes
 from retention.nn import LM, LMConfig
 
+COLORS = {"P": color("power"), "A": color("softmax"), "A 4-bit KV": "C8", "PA": color("hybrid")}  # one per model
+MIB = 2**20
 BASE = LMConfig(vocab_size=256, d_model=64, n_layers=2, pattern="P", n_heads=4, n_kv_heads=4, head_dim=16)
 KINDS = {
     "P": {"pattern": "P"},
@@ -72,29 +76,36 @@ def measure(
     }
 
 
-def plot(results: dict, path: Path) -> None:
-    figure = Figure(figsize=(10, 4))
-    bytes_ax, ttft_ax = figure.subplots(1, 2)
+def figure(results: dict) -> Figure:
+    """Bytes per cached prefix and time to first token against prefix length, one color per model in both panels
+    (the comparison's colors: P as power, A as softmax, PA as the hybrid); solid: continuing a snapshot of the
+    prefix, dashed: recomputing it for every request.
+
+    Args:
+        results: prefix_reuse.json's "results", {model: [measure's row per prefix length]}.
+
+    Returns:
+        The figure, two panels.
+    """
+    fig = Figure(figsize=(10, 4))
+    bytes_ax, ttft_ax = fig.subplots(1, 2)
     for kind, rows in results.items():
-        lengths = [r["prefix_len"] for r in rows]
-        bytes_ax.plot(lengths, [r["bytes_per_cached_prefix"] for r in rows], marker="o", label=kind)
-        ttft_ax.plot(lengths, [r["snapshot"]["ttft_s"] * 1e3 for r in rows], marker="o", label=f"{kind} snapshot")
+        lengths, style = [r["prefix_len"] for r in rows], dict(color=COLORS[kind], marker="o")
+        bytes_ax.plot(lengths, [r["bytes_per_cached_prefix"] / MIB for r in rows], label=kind, **style)
+        ttft_ax.plot(lengths, [r["snapshot"]["ttft_s"] * 1e3 for r in rows], label=f"{kind} snapshot", **style)
         timed = [r for r in rows if r["recompute"]]
-        ttft_ax.plot(
-            [r["prefix_len"] for r in timed],
-            [r["recompute"]["ttft_s"] * 1e3 for r in timed],
-            ls="--",
-            label=f"{kind} recompute",
-        )
-    for ax, title in ((bytes_ax, "bytes per cached prefix"), (ttft_ax, "time to first token (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("prefix tokens")
-        ax.set_title(title)
+        recompute = [r["recompute"]["ttft_s"] * 1e3 for r in timed]
+        ttft_ax.plot([r["prefix_len"] for r in timed], recompute, ls="--", label=f"{kind} recompute", **style)
+    bytes_ax.set(title="memory per cached prefix", ylabel="cached prefix (MiB)", yscale="log")
+    ttft_ax.set(title="time to first token, per request", ylabel="time to first token (ms)", yscale="log")
+    every = sorted({r["prefix_len"] for rows in results.values() for r in rows})
+    for ax in (bytes_ax, ttft_ax):
+        ax.set_xlabel("prefix (tokens)")
+        log_ticks(ax, every)
+        ax.grid(alpha=0.3, which="both")
     bytes_ax.legend()
     ttft_ax.legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    return fig
 
 
 def main(argv=None):
@@ -114,7 +125,12 @@ def main(argv=None):
         "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
     )
     parser.add_argument("--out", default="results/prefix_reuse.json", help="JSON path; the PNG goes beside it")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's JSON, measuring nothing")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.plot_only:
+        save(figure(json.loads(out.read_text())["results"]), out.with_suffix(".png"))
+        return
     results = {}
     for kind in args.kinds:
         fields = KINDS[kind]
@@ -125,7 +141,6 @@ def main(argv=None):
         ]
         for row in results[kind]:
             print(kind, json.dumps(row))
-    out = Path(args.out)
     machine = {
         "device": jax.devices()[0].device_kind,
         "platform": platform.platform(),
@@ -135,7 +150,7 @@ def main(argv=None):
     setup = dict(config=dataclasses.asdict(BASE), requests=args.requests, suffix=args.suffix, new=args.new)
     setup.update(repeats=args.repeats, recompute_max=args.recompute_max)
     out.write_text(json.dumps({"machine": machine, "setup": setup, "results": results}, indent=1) + "\n")
-    plot(results, out.with_suffix(".png"))
+    save(figure(results), out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ its runs' TensorBoard logs, and writes a Markdown report with tables and PNG plo
 
     python -m experiments.compare.report results/compare/cpu --out results/REPORT.md
 
+As `python -m experiments.compare.run --report-only` does, it leaves out the speed results measured with another
+recipe than the preset's (the preset named in the folder's JSON) and names them.
+
 Sections: the machine and date; the headline (per model, what it buys: train-step and decode speed and cache bytes
 at the longest length; what it costs: each task at 1x, 16x and the longest length); the hand-written reading
 <data>/NOTES.md if present; speed and memory (report_speed.py); the protocol, each task, the learning-rate sweeps
@@ -15,6 +18,7 @@ import json
 import os
 from pathlib import Path
 
+from experiments.compare.presets import PRESETS
 from experiments.compare.report_frontier import ablation_section, frontier_section
 from experiments.compare.report_quality import (
     curves_section,
@@ -26,6 +30,7 @@ from experiments.compare.report_quality import (
 )
 from experiments.compare.report_speed import op_section, speed_section
 from experiments.compare.results import Results
+from experiments.compare.speed import speed_recipes
 from experiments.formatting import human_bytes, md_table, times, tokens
 from experiments.plotting import label
 
@@ -157,13 +162,15 @@ def _role_task(res: Results, role: str) -> str | None:
     return next((t for t, spec in res.tasks.items() if set(res.roles[role]) & set(spec["entries"])), None)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("data", type=Path, help="a comparison folder with speed.json and/or quality.json")
     parser.add_argument("--out", type=Path, help="the Markdown report (default <data>/REPORT.md)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     out = args.out or args.data / "REPORT.md"
-    write_report(args.data, out)
+    meta = read(args.data / "quality.json") or read(args.data / "speed.json")
+    preset = PRESETS.get(meta["preset"]) if meta else None
+    write_report(args.data, out, speed_recipes=speed_recipes(preset) if preset else None)
     print(f"wrote {out}")
 
 

@@ -1,6 +1,7 @@
 """The quality sections of the comparison report (quality.json through experiments/compare/results.py): the protocol,
 each task's test metric at every length (mean and range over seeds, at each entry's best learning rate) with its
-plot, the learning-rate sweeps, loss by position, training curves and the appendix of every run's command.
+plot, the learning-rate sweeps, loss by position, training curves and the appendix of every run's command. A task
+whose runs were evaluated once (a smoke test) gets its table and no plot.
 """
 
 from pathlib import Path
@@ -59,6 +60,21 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
         rows.append([label(entry, res.layer_kinds(task, entry)), params, best, stop_text(res, task, entry), *cells])
     some = next((r["test"][str(lengths[0])] for r in res.quality["runs"] if r["task"] == task and r["test"]), {})
     name = metric.label(some)
+    header = ["model (layers)", "params", "best lr", "steps (converged)", *(f"@{tokens(L)}" for L in lengths)]
+    if res.evaluated_once(task):
+        figure = (
+            f"No plots of {task} (here, by position or in the training curves): each of its runs was evaluated once, "
+            "a smoke test's budget that shows no learning; the table holds its numbers."
+        )
+    else:
+        figure = f"![{task}]({rel}/{save(task_figure(res, task, lengths, name), figdir / f'quality_{task}.png')})"
+    return [f"### {task}: test {name} (mean (range) over seeds)", "", md_table(header, rows), "", figure, ""]
+
+
+def task_figure(res: Results, task: str, lengths: list[int], name: str) -> Figure:
+    """The headline entries' test metric (`name`) against eval length, error bars over seeds; MQAR's 1/pairs and
+    chance levels."""
+    t = res.tasks[task]
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.subplots()
     for entry in (e for e in res.roles["headline"] if e in t["entries"]):
@@ -76,15 +92,7 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
     log_ticks(ax, lengths)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    header = ["model (layers)", "params", "best lr", "steps (converged)", *(f"@{tokens(L)}" for L in lengths)]
-    return [
-        f"### {task}: test {name} (mean (range) over seeds)",
-        "",
-        md_table(header, rows),
-        "",
-        f"![{task}]({rel}/{save(fig, figdir / f'quality_{task}.png')})",
-        "",
-    ]
+    return fig
 
 
 def stop_text(res: Results, task: str, entry: str) -> str:
@@ -128,9 +136,11 @@ def lr_section(res: Results) -> list[str]:
 
 def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
     """Loss by position at each eval length (the trainer's eval of the best first-seed runs), where the runs'
-    summary.json has it (the text task, once the data issue adds the buckets)."""
+    summary.json has it (the text task, once the data issue adds the buckets), for the tasks not evaluated once."""
     out = []
     for task, t in res.tasks.items():
+        if res.evaluated_once(task):
+            continue  # a smoke test: task_section says so
         curves = {}
         for entry in (e for e in res.roles["headline"] if e in t["entries"]):
             runs = [r for r in res.best_runs(task, entry) if r["summary"]]
@@ -156,56 +166,97 @@ def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
     return out
 
 
+CURVE_ROWS = ("held-out", "train loss vs tokens", "train loss vs wall time")  # the training-curves figure's rows
+
+
+def curve_runs(res: Results, task: str) -> dict[str, dict]:
+    """{headline entry: its best first-seed run} on `task`, for the entries with a finished run there."""
+    out = {}
+    for entry in (e for e in res.roles["headline"] if e in res.tasks[task]["entries"]):
+        runs = [r for r in res.best_runs(task, entry) if r["summary"]]
+        if runs:
+            out[entry] = runs[0]
+    return out
+
+
+def curve_panels(runs: dict[str, dict]) -> list[str]:
+    """The rows of CURVE_ROWS a task's runs have data for: held-out where a summary kept its eval curve, both
+    training-loss rows where a run kept its training-loss curve."""
+    panels = ["held-out"] if any(r["summary"].get("eval_curve") for r in runs.values()) else []
+    return panels + (list(CURVE_ROWS[1:]) if any(r.get("train_curve") for r in runs.values()) else [])
+
+
 def curves_section(res: Results, figdir: Path, rel: str) -> list[str]:
     """The best first-seed run of each headline entry: its held-out metric against tokens (the trainer's evals,
     `summary.eval_curve`), and its training loss against tokens and against wall time (`train_curve`, read from
-    TensorBoard when collected); the tasks whose runs kept no training-loss curve are named."""
-    tasks = list(res.tasks)
-    fig = Figure(figsize=(5 * len(tasks), 11))
-    axes = fig.subplots(3, len(tasks), squeeze=False)
-    missing = []
-    for col, task in enumerate(tasks):
-        tokens_per_step = res.tasks[task]["tokens_per_run"] / max(1, _steps(res, task))
-        drawn, metric = 0, "metric"
-        for entry in (e for e in res.roles["headline"] if e in res.tasks[task]["entries"]):
-            runs = [r for r in res.best_runs(task, entry) if r["summary"]]
-            if not runs:
-                continue
-            name, summary = label(entry, res.layer_kinds(task, entry)), runs[0]["summary"]
-            if summary.get("eval_curve"):
-                steps, values = zip(*summary["eval_curve"])
-                metric = summary.get("rule", {}).get("metric", metric)
-                x = [s * tokens_per_step for s in steps]  # markers: a run with one eval is a dot
-                axes[0][col].plot(x, values, color=color(entry), marker="o", markersize=3, label=name)
-            if runs[0].get("train_curve"):
-                steps, wall, loss = zip(*runs[0]["train_curve"])
-                axes[1][col].plot([s * tokens_per_step for s in steps], loss, color=color(entry))
-                axes[2][col].plot(wall, loss, color=color(entry))
-                drawn += 1
-        axes[0][col].set(title=f"{task}: held-out {metric} vs tokens", xlabel="tokens", ylabel=f"held-out {metric}")
-        axes[0][col].legend(fontsize=7)
-        axes[1][col].set(title=f"{task}: train loss vs tokens", xlabel="tokens", ylabel="loss (nats per token)")
-        wall = "seconds since the run started (with compilation)"
-        axes[2][col].set(title=f"{task}: train loss vs wall time", xlabel=wall, ylabel="loss (nats per token)")
-        if not drawn:
-            missing.append(task)
-            axes[1][col].text(0.5, 0.5, "no training-loss curve kept", ha="center", transform=axes[1][col].transAxes)
-    note = []
-    if missing:
-        note = [
-            f"No training-loss curve for {', '.join(missing)}: those runs were collected before quality.json kept"
-            " curves and their folders are not on this machine (their held-out curves, top row, are drawn).",
-            "",
-        ]
-    return [
+    TensorBoard when collected). Only panels with curves are drawn: one column per task with any, one row per
+    quantity any task has; the tasks evaluated once (smoke tests) are left out, and the tasks whose runs kept no
+    training-loss curve are named.
+
+    Args:
+        res: the comparison's results.
+        figdir: the folder curves.png is written to.
+        rel: that folder relative to the report, for the link.
+
+    Returns:
+        The section's Markdown lines.
+    """
+    tasks = [t for t in res.tasks if not res.evaluated_once(t)]
+    runs = {task: curve_runs(res, task) for task in tasks}
+    panels = {task: curve_panels(runs[task]) for task in tasks}
+    columns = [task for task in tasks if panels[task]]
+    rows = [row for row in CURVE_ROWS if any(row in panels[task] for task in columns)]
+    missing = [task for task in tasks if "train loss vs tokens" not in panels[task]]
+    lines = [
         "## Training curves",
         "",
         f"TensorBoard for all runs: `tensorboard --logdir {res.quality.get('runs_dir', '')}`.",
         "",
-        *note,
-        f"![curves]({rel}/{save(fig, figdir / 'curves.png')})",
-        "",
     ]
+    if missing:
+        lines += [
+            f"No training-loss curve for {', '.join(missing)}: those runs were collected before quality.json kept"
+            " curves and their folders are not on this machine (the held-out curves their summaries kept are drawn).",
+            "",
+        ]
+    if not columns:
+        return lines + ["No run kept a curve.", ""]
+    fig = Figure(figsize=(5 * len(columns), 3.7 * len(rows)))
+    for col, task in enumerate(columns):
+        axes = {
+            row: fig.add_subplot(len(rows), len(columns), i * len(columns) + col + 1)
+            for i, row in enumerate(rows)
+            if row in panels[task]
+        }
+        _draw_curves(res, task, runs[task], axes)
+        next(iter(axes.values())).legend(fontsize=7)
+    return lines + [f"![curves]({rel}/{save(fig, figdir / 'curves.png')})", ""]
+
+
+def _draw_curves(res: Results, task: str, runs: dict[str, dict], axes: dict) -> None:
+    """Draw the task's runs into `axes` ({row of CURVE_ROWS: its axes}, only the rows it has data for)."""
+    tokens_per_step = res.tasks[task]["tokens_per_run"] / max(1, _steps(res, task))
+    metric = "metric"
+    for entry, run in runs.items():
+        name, summary, curve = label(entry, res.layer_kinds(task, entry)), run["summary"], run.get("train_curve")
+        style = dict(color=color(entry), label=name)
+        if "held-out" in axes and summary.get("eval_curve"):
+            steps, values = zip(*summary["eval_curve"])
+            metric = summary.get("rule", {}).get("metric", metric)
+            axes["held-out"].plot([s * tokens_per_step for s in steps], values, marker="o", markersize=3, **style)
+        if "train loss vs tokens" in axes and curve:
+            steps, wall, loss = zip(*curve)
+            axes["train loss vs tokens"].plot([s * tokens_per_step for s in steps], loss, **style)
+            axes["train loss vs wall time"].plot(wall, loss, **style)
+    loss, wall_clock = "loss (nats per token)", "seconds since the run started (with compilation)"
+    labels = {
+        "held-out": (f"held-out {metric} vs tokens", "tokens", f"held-out {metric}"),
+        "train loss vs tokens": ("train loss vs tokens", "tokens", loss),
+        "train loss vs wall time": ("train loss vs wall time", wall_clock, loss),
+    }
+    for row, ax in axes.items():
+        title, xlabel, ylabel = labels[row]
+        ax.set(title=f"{task}: {title}", xlabel=xlabel, ylabel=ylabel)
 
 
 def _steps(res: Results, task: str) -> int:

@@ -86,6 +86,23 @@ class Results:
         s = self.summary(task, entry)
         return s["layer_kinds"] if s else "?"
 
+    def evaluated_once(self, task: str) -> bool:
+        """Whether every finished run of `task` that kept its held-out curve (summary.eval_curve) was evaluated at
+        most once: a smoke test's budget, too short to show learning, which the report tables but does not draw.
+
+        Args:
+            task: a task of quality.json.
+
+        Returns:
+            False when no run of the task kept a held-out curve (nothing says it was a smoke test).
+        """
+        curves = [
+            r["summary"]["eval_curve"]
+            for (t, *_), r in self.runs.items()
+            if t == task and r["summary"] and "eval_curve" in r["summary"]
+        ]
+        return bool(curves) and all(len(c) <= 1 for c in curves)
+
     def test_lengths(self, task: str) -> list[int]:
         """Every length any test eval of the task holds, sorted."""
         return sorted({int(L) for (t, *_), r in self.runs.items() if t == task and r["test"] for L in r["test"]})

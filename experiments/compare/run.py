@@ -35,7 +35,7 @@ from experiments.compare.protocol import parse_only, parse_part, sweep_runs
 from experiments.compare.quality import collect, run_stages
 from experiments.compare.report import write_report
 from experiments.compare.runs import SUMMARY, read_json, timed, write_json
-from experiments.compare.speed import measure_speed, speed_recipe
+from experiments.compare.speed import measure_speed, speed_recipes
 
 
 def machine() -> dict:
@@ -105,8 +105,7 @@ def main(argv=None):
             print("jobs left to other parts, filtered out or waiting for sweeps:", json.dumps(left))
         previous = read_json(data / "quality.json")  # its tasks without run folders here are carried over
         write_json(data / "quality.json", {**meta, **collect(preset, runs, previous)})
-    recipes = {m: speed_recipe(m, preset) for m in preset.speed.models} if preset.speed else None
-    write_report(data, report, speed_recipes=recipes)
+    write_report(data, report, speed_recipes=speed_recipes(preset))
     print(f"wrote {report}; TensorBoard for the training runs: tensorboard --logdir {runs}")
 
 

@@ -107,6 +107,18 @@ def speed_recipe(name: str, preset: Preset) -> dict:
     }
 
 
+def speed_recipes(preset: Preset) -> dict[str, dict] | None:
+    """The recipe of each of the preset's speed models (`speed_recipe`), which the report's speed results must match.
+
+    Args:
+        preset: the comparison's preset.
+
+    Returns:
+        {model: recipe}, or None for a preset without a speed stage.
+    """
+    return {m: speed_recipe(m, preset) for m in preset.speed.models} if preset.speed else None
+
+
 def reusable(preset: Preset, done: dict | None) -> dict:
     """The models of `done` measured with the preset's recipe for them; a warning names each left out."""
     kept = {}

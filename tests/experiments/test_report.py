@@ -287,3 +287,55 @@ def test_op_section_puts_the_matrix_state_ops_beside_power_and_softmax():
     assert "| 1k | 0.2 s | 0.1 s | 0.3 s | 0.5x | 10% |" in text
     assert "| 64k | 15 s | 90 s | - | 6x | 10% |" in text
     assert "GLA 0.05 ms (128 KiB)" in text
+
+
+def with_task(quality: dict, task: str, change) -> dict:
+    """`quality` with a copy of its mqar task named `task`, each run passed through `change` (a run dict)."""
+    quality["tasks"][task] = dict(quality["tasks"]["mqar"])
+    quality["runs"] += [change({**r, "task": task}) for r in quality["runs"] if r["task"] == "mqar"]
+    return quality
+
+
+@pytest.fixture
+def figures(monkeypatch) -> dict:
+    """{file name: Figure} of every PNG the report writes."""
+    import experiments.compare.report_quality as report_quality
+
+    saved, save = {}, report_quality.save
+
+    def record(fig, path: Path) -> str:
+        saved[path.name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(report_quality, "save", record)
+    return saved
+
+
+def test_curves_draw_only_panels_with_curves(tmp_path, figures):
+    """A task whose runs kept no training-loss curve (carried over) gets its held-out panel only: every axes
+    of curves.png has a curve, and there are 3 + 1 of them (no empty panel with a note in it)."""
+    no_train_curve = lambda run: {key: value for key, value in run.items() if key != "train_curve"}
+    quality = with_task(fake_quality(tmp_path / "runs"), "carried", no_train_curve)
+    (tmp_path / "quality.json").write_text(json.dumps(quality))
+    write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None)
+    axes = figures["curves.png"].axes
+    assert [ax.get_title() for ax in axes if ax.lines] == [ax.get_title() for ax in axes]
+    assert len(axes) == 4 and sum("carried" in ax.get_title() for ax in axes) == 1
+    assert "No training-loss curve for carried: " in (tmp_path / "REPORT.md").read_text()
+
+
+def test_a_task_evaluated_once_is_tabled_not_drawn(tmp_path, figures):
+    """A smoke test's task (each run evaluated once, as the cpu preset's 60-step text runs): its table stays, no
+    quality plot, no column in the training curves, and the report says why."""
+
+    def once(run: dict) -> dict:
+        summary = run["summary"] and {**run["summary"], "eval_curve": run["summary"]["eval_curve"][-1:]}
+        return {**run, "summary": summary}
+
+    quality = with_task(fake_quality(tmp_path / "runs"), "smoke", once)
+    (tmp_path / "quality.json").write_text(json.dumps(quality))
+    write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None)
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "### smoke: test accuracy" in text and "No plots of smoke (here, by position or in the training" in text
+    assert "quality_smoke.png" not in figures and (tmp_path / "quality_mqar.png").exists()
+    assert not any("smoke" in ax.get_title() for ax in figures["curves.png"].axes)

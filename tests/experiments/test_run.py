@@ -1,5 +1,6 @@
 """The comparison's command (experiments/compare/run.py): --report-only with no finished run refuses, leaving the
-committed report and data as they are; a resumed speed stage with nothing left to measure writes nothing."""
+committed report and data as they are; a resumed speed stage with nothing left to measure writes nothing; the
+report, from either command, leaves out speed measured with another recipe than the preset's."""
 
 import json
 import shutil
@@ -87,6 +88,22 @@ def test_the_report_leaves_out_speed_measured_with_another_recipe(tmp_path, monk
     write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None, speed_recipes=recipes)
     text = (tmp_path / "REPORT.md").read_text()
     assert "Not shown for" not in text and "Training step (forward, backward" in text
+
+
+def test_the_report_command_leaves_out_speed_measured_with_another_recipe(tmp_path, monkeypatch):
+    """`python -m experiments.compare.report <data>` checks speed.json against the recipes of the preset its JSON
+    names, as run.py does: stale times are named, not tabled, and no speed.png is drawn from them."""
+    from experiments.compare.report import main as report_main
+
+    committed = Path("results/compare/cpu").absolute()
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(committed / "quality.json", tmp_path / "quality.json")
+    measured = json.loads((committed / "speed.json").read_text())
+    stale = {m: {**r, "recipe": {"overrides": ["model.head_dim=8"]}} for m, r in measured["results"].items()}
+    (tmp_path / "speed.json").write_text(json.dumps({**measured, "preset": "cpu", "results": stale}))
+    report_main([str(tmp_path), "--out", str(tmp_path / "REPORT.md")])
+    assert f"Not shown for {', '.join(stale)}" in (tmp_path / "REPORT.md").read_text()
+    assert not (tmp_path / "speed.png").exists()
 
 
 def test_a_run_folder_not_on_this_machine_has_no_curve(tmp_path):
