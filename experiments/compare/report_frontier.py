@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from experiments.compare.results import Results
 from experiments.formatting import human_bytes, md_table, tokens
-from experiments.plotting import color, label, save
+from experiments.plotting import label, line_style, save
 
 
 def ablation_section(res: Results, task: str | None) -> list[str]:
@@ -130,7 +130,7 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
                 xs, ys = [b for b, _ in drawn], [c.mean for _, c in drawn]
                 err = [[c.below for _, c in drawn], [c.above for _, c in drawn]]
                 name = label(entry, res.layer_kinds(task, entry))
-                ax.errorbar(xs, ys, yerr=err, fmt="o-", ms=3, lw=1, capsize=2, color=color(entry), label=name)
+                ax.errorbar(xs, ys, yerr=err, fmt="o", ms=3, lw=1, capsize=2, **line_style(entry), label=name)
         if t["num_kv_pairs"]:
             ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
         ax.set(xscale="log", xlabel="decode-state bytes per sequence at the eval length (log)", ylabel="test accuracy")

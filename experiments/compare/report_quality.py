@@ -12,7 +12,7 @@ from experiments.compare.protocol import at_edge
 from experiments.compare.results import Results
 from experiments.compare.runs import position_losses
 from experiments.formatting import md_table, tokens
-from experiments.plotting import color, label, log_ticks, save
+from experiments.plotting import label, line_style, log_ticks, save
 
 
 def lr_text(lr: float | None) -> str:
@@ -84,7 +84,7 @@ def task_figure(res: Results, task: str, lengths: list[int], name: str) -> Figur
             xs, mid = [L for L, _ in cells], [c.mean for _, c in cells]
             err = [[c.below for _, c in cells], [c.above for _, c in cells]]
             kinds = res.layer_kinds(task, entry)
-            ax.errorbar(xs, mid, yerr=err, fmt="o-", capsize=3, color=color(entry), label=label(entry, kinds))
+            ax.errorbar(xs, mid, yerr=err, fmt="o", capsize=3, **line_style(entry), label=label(entry, kinds))
     if t["num_kv_pairs"]:
         ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
         ax.axhline(2 / t["vocab_size"], color="k", ls=":", lw=1, label=f"chance (1 of {t['vocab_size'] // 2} values)")
@@ -155,7 +155,7 @@ def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
         ax = fig.subplots()
         for entry, (L, buckets) in curves.items():
             name = label(entry, res.layer_kinds(task, entry)) + f" at {tokens(L)}"
-            ax.plot([p + 1 for p in buckets], list(buckets.values()), "o-", color=color(entry), label=name)
+            ax.plot([p + 1 for p in buckets], list(buckets.values()), marker="o", **line_style(entry), label=name)
         ax.axvline(t["seq_len"], color="gray", ls="--", lw=1, label=f"training length {t['seq_len']}")
         ax.set(xscale="log", xlabel="position (tokens, bucket start + 1)", ylabel="mean loss in the bucket")
         ax.set_title(f"{task}: loss by position (selection split, first seed)")
@@ -239,7 +239,7 @@ def _draw_curves(res: Results, task: str, runs: dict[str, dict], axes: dict) -> 
     metric = "metric"
     for entry, run in runs.items():
         name, summary, curve = label(entry, res.layer_kinds(task, entry)), run["summary"], run.get("train_curve")
-        style = dict(color=color(entry), label=name)
+        style = dict(**line_style(entry), label=name)
         if "held-out" in axes and summary.get("eval_curve"):
             steps, values = zip(*summary["eval_curve"])
             metric = summary.get("rule", {}).get("metric", metric)
