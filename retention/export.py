@@ -6,7 +6,7 @@ parameter shapes; and the step). `retention.load_run(OUT)` reads it back, checke
 A text run's export holds transformers' files of its tokenizer too (retention/hf/tokenizer_out.py):
 tokenizer_config.json, special_tokens_map.json and generation_config.json, the end-of-document token (EOD) the end
 and the pad token, and for the bytes tokenizer a tokenizer.json of its own; `AutoTokenizer.from_pretrained(OUT)`
-then encodes a text to the run's ids.
+then encodes a text to the run's ids. Every file is written readable by others (0644), the folder 0755.
 
 A model whose layers are all A (Llama; Qwen2 with q/k/v biases; Qwen3 with QK-norm) or all W (Mistral) with no
 short convolution is written in the Llama layout, which `transformers.AutoModelForCausalLM.from_pretrained(OUT)`
@@ -125,6 +125,8 @@ def export_run(run_dir: str, out: str, step: int | None = None) -> str:
             write_tokenizer_files(aside, *hf_tokenizer)
         if tokenizer is not None:  # the run's file, byte for byte, over transformers' copy: load_run checks it
             shutil.copyfile(os.path.join(run_dir, TOKENIZER), os.path.join(aside, TOKENIZER))
+        for file in os.listdir(aside):
+            os.chmod(os.path.join(aside, file), 0o644)  # safetensors writes its files private
         os.chmod(aside, 0o755)  # mkdtemp makes it private
         if os.path.exists(out):  # the old export moves out of the way, then the new one moves in
             old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")

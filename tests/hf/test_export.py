@@ -4,6 +4,7 @@ tokenizer file exports to a folder that transformers loads (its logits the run's
 with the run's tokenizer, config.json stating the built model's sizes; a damaged tokenizer.json is refused."""
 
 import json
+import stat
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from safetensors.numpy import save_file
 
 from retention import generate, load_run
 from retention.data.tokenizer import ByteTokenizer
-from retention.export import export_run
+from retention.export import EXPORT_FILES, export_run
 from retention.hf import load_hf
 from retention.hf.config_out import hf_config, hf_tensors
 from retention.train import train
@@ -90,6 +91,8 @@ def test_an_attention_run_exports_whole(tmp_path):
         "tokenizer.json",
         "tokenizer_config.json",
     ]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == dict.fromkeys(EXPORT_FILES, 0o644)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
     assert (out / "tokenizer.json").read_bytes() == (run / "tokenizer.json").read_bytes()
     model, cfg, tokenizer = load_run(str(run))
     exported, exported_cfg, exported_tokenizer = load_run(str(out))
