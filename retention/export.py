@@ -3,6 +3,11 @@ OUT/config.json (architecture, every size of the built model, the layer pattern,
 OUT/tokenizer.json when it has one, and beside them OUT/run_record.json (the run's record: config, LMConfig,
 parameter shapes; and the step). `retention.load_run(OUT)` reads it back, checked (retention/load.py).
 
+A text run's export holds transformers' files of its tokenizer too (retention/hf/tokenizer_out.py):
+tokenizer_config.json, special_tokens_map.json and generation_config.json, the end-of-document token (EOD) the end
+and the pad token, and for the bytes tokenizer a tokenizer.json of its own; `AutoTokenizer.from_pretrained(OUT)`
+then encodes a text to the run's ids. Every file is written readable by others (0644), the folder 0755.
+
 A model whose layers are all A (Llama; Qwen2 with q/k/v biases; Qwen3 with QK-norm) or all W (Mistral) with no
 short convolution is written in the Llama layout, which `transformers.AutoModelForCausalLM.from_pretrained(OUT)`
 runs with no custom code; any other in the retention layout (architecture RetentionLM, one tensor per parameter
@@ -25,7 +30,15 @@ import tempfile
 
 from safetensors.numpy import save_file
 
+from retention.data.tokenizer import ByteTokenizer
 from retention.hf.config_out import hf_config, hf_tensors
+from retention.hf.tokenizer_out import (
+    GENERATION_CONFIG,
+    SPECIAL_TOKENS,
+    TOKENIZER_CONFIG,
+    byte_tokenizer,
+    write_tokenizer_files,
+)
 from retention.load import (
     EXPORT_CONFIG,
     EXPORT_RECORD,
@@ -39,7 +52,15 @@ from retention.load import (
 from retention.train.checksum import tree_checksums
 from retention.train.record import record_digest
 
-EXPORT_FILES = (EXPORT_WEIGHTS, EXPORT_CONFIG, EXPORT_RECORD, TOKENIZER)
+EXPORT_FILES = (
+    EXPORT_WEIGHTS,
+    EXPORT_CONFIG,
+    EXPORT_RECORD,
+    TOKENIZER,
+    TOKENIZER_CONFIG,
+    SPECIAL_TOKENS,
+    GENERATION_CONFIG,
+)
 
 
 def check_out(run_dir: str, out: str) -> None:
@@ -59,19 +80,22 @@ def check_out(run_dir: str, out: str) -> None:
             raise ValueError(f"out must be empty or an export folder, got {out!r} holding {others[:4]}")
 
 
-def _end_token_id(record: dict, tokenizer) -> int | None:
-    """The id that ends a document: the run's tokenizer's, the bytes tokenizer's 256, None for a synthetic task."""
+def _hf_tokenizer(record: dict, tokenizer) -> tuple | None:
+    """(the run's tokenizer as a `tokenizers.Tokenizer`, its end-of-document id): the run's tokenizer.json, or for a
+    bytes run its equivalent (`byte_tokenizer`); None for a synthetic task, which has no tokenizer."""
     if tokenizer is not None:
-        return tokenizer.eod
-    return 256 if record["config"]["data"].get("task") == "text" else None
+        return tokenizer.tokenizer, tokenizer.eod
+    return (byte_tokenizer(), ByteTokenizer.eod) if record["config"]["data"].get("task") == "text" else None
 
 
 def export_run(run_dir: str, out: str, step: int | None = None) -> str:
     """Write the parameters of `run_dir`'s checkpoint `step` (None: the newest intact one), its config, record and
-    tokenizer to `out`, replacing an export there in one rename; returns out."""
+    tokenizer (with transformers' tokenizer and generation files) to `out`, replacing an export there in one
+    rename; returns out."""
     check_out(run_dir, out)
     loaded = read_run(run_dir, step)
     tokenizer = run_tokenizer(run_dir, loaded.record)  # checked against the record's fingerprint
+    hf_tokenizer = _hf_tokenizer(loaded.record, tokenizer)
     layout, weights = hf_tensors(loaded.model)
     checksums, _ = tree_checksums(weights)
     digest = record_digest(loaded.record)
@@ -85,7 +109,7 @@ def export_run(run_dir: str, out: str, step: int | None = None) -> str:
     config = hf_config(
         loaded.model.config,
         max_position_embeddings=max_positions(loaded.record),
-        eos_token_id=_end_token_id(loaded.record, tokenizer),
+        eos_token_id=None if hf_tokenizer is None else hf_tokenizer[1],
     )
     config["retention_export"] = {"layout": layout, "step": loaded.step, "record_sha256": digest}
     parent, name = os.path.split(os.path.abspath(out))
@@ -97,8 +121,12 @@ def export_run(run_dir: str, out: str, step: int | None = None) -> str:
             json.dump(config, f, indent=2)
         with open(os.path.join(aside, EXPORT_RECORD), "x") as f:
             json.dump({"step": loaded.step, "record": loaded.record, "record_sha256": digest}, f, indent=2)
-        if tokenizer is not None:
+        if hf_tokenizer is not None:
+            write_tokenizer_files(aside, *hf_tokenizer)
+        if tokenizer is not None:  # the run's file, byte for byte, over transformers' copy: load_run checks it
             shutil.copyfile(os.path.join(run_dir, TOKENIZER), os.path.join(aside, TOKENIZER))
+        for file in os.listdir(aside):
+            os.chmod(os.path.join(aside, file), 0o644)  # safetensors writes its files private
         os.chmod(aside, 0o755)  # mkdtemp makes it private
         if os.path.exists(out):  # the old export moves out of the way, then the new one moves in
             old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-")

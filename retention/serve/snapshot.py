@@ -5,8 +5,8 @@ values, float or quantized; the tokens seen; each row's segment id and next RoPE
 logits (the first new token's distribution) and, as static fields, the model config it came from, a digest of the
 model's weights, max_len and step_tokens (the caches' shapes). `prefill` makes one; `extend` runs more tokens into
 it; `generate(model, suffix, n, start=snapshot)` continues from it; `fork` copies a one-row snapshot to n rows;
-`save_snapshot` / `load_snapshot` write and read one safetensors file (of FORMAT; its folder made when missing)
-with a checksum pair per array, its recurrent states float32 or quantized per row (`save_snapshot(...,
+`save_snapshot` / `load_snapshot` write and read one safetensors file (of FORMAT, mode 0644; its folder made when
+missing) with a checksum pair per array, its recurrent states float32 or quantized per row (`save_snapshot(...,
 state_format=8 | 4 | "fp8")`: quantized_state.py; fp8 values are stored as their bytes, uint8, since the file's flax
 reader has no float8 type). Every path that continues a snapshot checks its config, that its states are float32
 and that its weights digest is the model's (`check_snapshot`; the digest computed once per set of weights).
@@ -233,6 +233,7 @@ def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=N
         "checksums": checksums,
     }
     safetensors.flax.save_file(_tensors(snapshot), path, metadata={"snapshot": json.dumps(header)})
+    os.chmod(path, 0o644)  # readable by others, as the folder is (safetensors writes its files private)
 
 
 def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:

@@ -1,5 +1,6 @@
 """Tiny random Llama-family checkpoints built with transformers (float32, saved with save_pretrained) and a tiny
-tokenizer.json, for the import and export tests; and transformers' logits of a checkpoint."""
+tokenizer.json, for the import and export tests; transformers' logits of a checkpoint; random texts, and the check that
+transformers' tokenizer of an export encodes them as the run's."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 96
+ISSUE_TEXT = ":\n    return"  # issue 41: AutoTokenizer of an export without tokenizer_config.json split it in two
 SIZES = dict(
     vocab_size=VOCAB,
     hidden_size=48,
@@ -52,3 +54,29 @@ def torch_logits(model, tokens: np.ndarray) -> np.ndarray:
     """transformers' float32 logits [B, T, V] of tokens [B, T]."""
     with torch.no_grad():
         return model(torch.as_tensor(np.asarray(tokens), dtype=torch.long)).logits.float().numpy()
+
+
+def random_texts(rng: np.random.Generator, n: int) -> list[str]:
+    """`n` random texts of 0 to 40 characters drawn from ASCII, whitespace (newlines, tabs, runs of spaces, NUL),
+    Latin and Greek (2 UTF-8 bytes), CJK (3) and emoji (4), each text from a few of these pools; with ISSUE_TEXT."""
+    pools = [
+        [chr(c) for c in range(0x20, 0x7F)],
+        ["\n", "\t", " ", "    ", "\r\n", "\x00"],
+        [chr(c) for c in range(0xA0, 0x400)],
+        [chr(c) for c in range(0x4E00, 0x4F00)],
+        [chr(c) for c in range(0x1F600, 0x1F650)],
+    ]
+    texts = [ISSUE_TEXT]
+    for _ in range(n - 1):
+        chosen = [pools[i] for i in rng.choice(len(pools), rng.integers(1, 4), replace=False)]
+        texts.append("".join(rng.choice(chosen[rng.integers(len(chosen))]) for _ in range(rng.integers(0, 41))))
+    return texts
+
+
+def assert_encodes_as(auto, tokenizer) -> None:
+    """`auto` (transformers' tokenizer of an export) gives `tokenizer`'s ids (the run's: ByteTokenizer or an
+    HFTokenizer) for 300 random texts (new ones each call) and ISSUE_TEXT, and its end and pad token are the run's
+    end-of-document token, padding on the left."""
+    for text in random_texts(np.random.default_rng(), 300):
+        assert auto(text).input_ids == tokenizer.encode(text).tolist(), text
+    assert auto.eos_token_id == auto.pad_token_id == tokenizer.eod and auto.padding_side == "left"

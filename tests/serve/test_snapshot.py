@@ -1,13 +1,14 @@
-"""Prefix snapshots: generation from a snapshot equals generation from the full prompt (greedy token for token,
-sampled with the same key) for P, A, W and a hybrid with a convolution; forked rows equal separate runs; a saved
-snapshot (quantized KV caches included) loads back bit-identical, into a folder it makes; a damaged file, a file of
-an unknown format, another config and other weights are refused, naming them, and a snapshot of other weights is
-refused in memory too, on every path that continues one. Quantized KV caches are not in the equality test: a
-full-prompt prefill attends the prompt's keys in float, a snapshot's suffix attends them quantized, so the two
-agree to the quantization error."""
+"""Prefix snapshots: generation from a snapshot equals generation from the full prompt (greedy token for token, sampled
+with the same key) for P, A, W and a hybrid with a convolution; forked rows equal separate runs; a saved snapshot
+(quantized KV caches included) loads back bit-identical, into a folder it makes, a file others read (0644); a damaged
+file, a file of an unknown format, another config and other weights are refused, naming them, and a snapshot of other
+weights is refused in memory too, on every path that continues one. Quantized KV caches are not in the equality test: a
+full-prompt prefill attends the prompt's keys in float, a snapshot's suffix attends them quantized, so the two agree to
+the quantization error."""
 
 import dataclasses
 import json
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -202,9 +203,10 @@ def test_an_unknown_file_format_is_refused_naming_it(tmp_path):
         load_snapshot(other, model)
 
 
-def test_save_snapshot_makes_its_folder(tmp_path):
+def test_save_snapshot_makes_its_folder_and_a_file_others_read(tmp_path):
     model = model_of("PA conv4")
     snapshot = prefill(model, tokens(16, 1, PREFIX), max_len=32)
     path = tmp_path / "new" / "folder" / "prefix.safetensors"
     save_snapshot(path, snapshot)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # safetensors alone writes 0600
     assert_bitwise_equal(load_snapshot(path, model), snapshot)
