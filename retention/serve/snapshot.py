@@ -30,9 +30,9 @@ import safetensors.flax
 from flax import nnx
 from jaxtyping import Array, Float
 
+from retention.checksum import mismatched, tree_checksums
 from retention.generation import _check_prompt_ids, _prompt_segments, check_prompt
 from retention.nn import LM, LMCache, LMConfig
-from retention.train.checksum import mismatched, tree_checksums
 from retention.validation import check_int, concrete
 
 # config fields that choose an op path, not the caches' layout or the function computed
@@ -68,7 +68,7 @@ _DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def weights_digest(model: LM, state: nnx.State | None = None) -> str:
-    """sha256 of the checksum pair of every parameter array (retention/train/checksum.py), computed on the device
+    """sha256 of the checksum pair of every parameter array (retention/checksum.py), computed on the device
     once per set of arrays: it is kept per model beside weak references to the arrays it was computed from, and
     reused while the model holds those very arrays. JAX arrays are immutable, so any change of weights in place
     (nnx.update, an optimizer step, assigning a Variable's value) puts other arrays in the model and the digest is
