@@ -38,7 +38,8 @@ _HOMES = {
         "size_config",
     ),
     "retention.generation": ("generate",),
-    "retention.serve.snapshot": ("Snapshot", "fork", "load_snapshot", "prefill", "save_snapshot", "snapshot_bytes"),
+    "retention.serve.snapshot_value": ("Snapshot",),
+    "retention.serve.snapshot": ("fork", "load_snapshot", "prefill", "save_snapshot", "snapshot_bytes"),
     "retention.load": ("load_run",),
     "retention.hf": ("load_hf",),
 }

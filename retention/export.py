@@ -14,7 +14,7 @@ runs with no custom code; any other in the retention layout (architecture Retent
 named by its key path), which only load_run reads (retention/hf/config_out.py).
 
 Integrity, as a checkpoint has it: the weights file's metadata holds the step, the record's sha256 and a checksum
-pair per tensor (retention/train/checksum.py); run_record.json holds the record, its sha256 and the step, and
+pair per tensor (retention/checksum.py); run_record.json holds the record, its sha256 and the step, and
 config.json the sha256 and step too, so a config.json or record of another run, a tensor with a flipped bit,
 either file cut short or a tokenizer.json that is not the run's is refused on load. The folder is written aside (a
 new folder beside OUT) and renamed into place: a reader finds the old export, the new one or none, never a mix of
@@ -30,6 +30,7 @@ import tempfile
 
 from safetensors.numpy import save_file
 
+from retention.checksum import tree_checksums
 from retention.data.tokenizer import ByteTokenizer
 from retention.hf.config_out import hf_config, hf_tensors
 from retention.hf.tokenizer_out import (
@@ -49,7 +50,6 @@ from retention.load import (
     read_run,
     run_tokenizer,
 )
-from retention.train.checksum import tree_checksums
 from retention.train.record import record_digest
 
 EXPORT_FILES = (

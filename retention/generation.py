@@ -4,6 +4,9 @@ Retention layers carry a fixed-size state, so the loop's memory does not grow wi
 attention layers carry a KV cache of prompt + new tokens (or a window's worth for sliding-window layers).
 Prompts of different lengths run as one batch, left-padded: the padding is a document of its own (segment id 0,
 the prompt 1), so every row sees only its prompt, from RoPE position 0, as if generated alone.
+
+`generate` is built on the serving layer's pieces (retention/serve/: prompts, the sampler and its settings, the
+caches' room, snapshots to start from, quantized states), which the slot engine shares; serving never imports it.
 """
 
 from functools import partial
@@ -11,22 +14,16 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Int, PRNGKeyArray
 
 from retention.nn.model import LM
-from retention.validation import check_choice, check_int, check_number, concrete
-
-
-def _sample(logits_BV: Float[Array, "B V"], key, temperature, top_k: int | None, greedy: bool) -> Int[Array, " B"]:
-    """One token per row: argmax when greedy, else a draw from softmax(logits / temperature) over the top_k."""
-    if greedy:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    if top_k is not None:
-        kth_best = jax.lax.top_k(logits_BV, top_k)[0][:, -1:]
-        logits_BV = jnp.where(logits_BV < kth_best, -jnp.inf, logits_BV)
-    return jax.random.categorical(key, logits_BV / temperature, axis=-1).astype(jnp.int32)
+from retention.serve.cache_limits import check_room
+from retention.serve.prompts import check_prompt, check_prompt_ids, prompt_segments
+from retention.serve.quantized_state import STATE_FORMATS, round_trip_states
+from retention.serve.sampling import check_sampling, sample
+from retention.serve.snapshot import check_snapshot, extend_checked
+from retention.validation import check_choice, check_int
 
 
 class Generated(NamedTuple):
@@ -71,82 +68,26 @@ def generate(
     vocab = model.config.vocab_size
     check_sampling(vocab, temperature=temperature, top_k=top_k, key=key, eos_id=eos_id)
     if state_format is not None:
-        from retention.serve.quantized_state import STATE_FORMATS  # serve builds on this module
-
         check_choice("state_format", state_format, STATE_FORMATS)
     greedy = temperature == 0
     check_prompt("prompt", prompt_BT, empty=start is not None)  # a snapshot's suffix may be empty
-    segment_ids = None if prompt_lengths is None else _prompt_segments(prompt_lengths, *prompt_BT.shape)
-    _check_prompt_ids(prompt_BT, segment_ids, vocab)
+    segment_ids = None if prompt_lengths is None else prompt_segments(prompt_lengths, *prompt_BT.shape)
+    check_prompt_ids(prompt_BT, segment_ids, vocab)
     graphdef, state = nnx.split(model)
     key = jax.random.key(0) if key is None else key  # greedy: never drawn from
     eos = jnp.int32(-1 if eos_id is None else eos_id)
     prompt_BT = jnp.asarray(prompt_BT, jnp.int32)
     options = {"max_new_tokens": max_new_tokens, "top_k": top_k, "greedy": greedy, "state_format": state_format}
     if start is not None:
-        from retention.serve.snapshot import check_snapshot, extend_checked  # serve builds on this module
-
         check_snapshot(model, start, "start", state)
         if prompt_lengths is not None:
             raise ValueError("prompt_lengths must be None with start= (the snapshot holds each row's prompt)")
         start = extend_checked(model, start, prompt_BT)
-        if "A" in model.config.layer_kinds and int(start.caches.length) + max_new_tokens > start.max_len:
-            raise ValueError(
-                f"start holds {int(start.caches.length)} tokens of max_len={start.max_len}: no room for "
-                f"max_new_tokens={max_new_tokens} (prefill with a larger max_len)"
-            )
+        held = int(start.caches.length)
+        check_room(model.config, held, max_new_tokens, start.max_len, f"max_new_tokens={max_new_tokens}")
         new_BN = _continue(graphdef, state, start.logits, start.caches, key, jnp.float32(temperature), eos, **options)
         return Generated(jnp.concatenate([prompt_BT, new_BN], axis=1), prompt_BT.shape[1] + _stopped(new_BN, eos))
     return Generated(*_generate(graphdef, state, prompt_BT, segment_ids, key, jnp.float32(temperature), eos, **options))
-
-
-def check_sampling(vocab_size: int, *, temperature, top_k, key, eos_id) -> None:
-    """The sampling settings `generate` and the slot engine share: temperature a finite number >= 0 (0: greedy),
-    top_k None or an int in [1, vocab_size], a key unless greedy, eos_id None or an id in [0, vocab_size)."""
-    check_number("temperature", temperature, low=0.0)  # 0 = greedy; NaN and inf are refused
-    if top_k is not None:
-        check_int("top_k", top_k)
-        if top_k > vocab_size:
-            raise ValueError(f"top_k must be <= vocab_size={vocab_size}, got {top_k}")
-    if eos_id is not None:
-        is_int = isinstance(eos_id, (int, np.integer)) and not isinstance(eos_id, bool)
-        if not is_int or not 0 <= eos_id < vocab_size:
-            raise ValueError(f"eos_id must be None or an int in [0, vocab_size={vocab_size}), got {eos_id!r}")
-    if key is None and temperature > 0:
-        raise ValueError("key must be a jax.random key to sample with temperature > 0 (temperature=0 is greedy)")
-
-
-def check_prompt(name: str, tokens_BT, *, empty: bool = False) -> None:
-    """`tokens_BT` (the argument `name`) is an int array [B, T] with T >= 1 (T = 0 too when `empty`)."""
-    if getattr(tokens_BT, "ndim", None) != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
-        raise ValueError(f"{name} must be an int array [B, T], got {getattr(tokens_BT, 'shape', tokens_BT)}")
-    if tokens_BT.shape[1] == 0 and not empty:
-        shape = tuple(tokens_BT.shape)
-        raise ValueError(f"{name} is an empty prompt (shape {shape}): a prompt needs at least one token")
-
-
-def _prompt_segments(prompt_lengths, B: int, T0: int) -> Int[Array, "B T0"]:
-    """Segment ids of left-padded prompts: 0 on the padding, 1 on each row's last prompt_lengths[b] tokens."""
-    if getattr(prompt_lengths, "shape", None) != (B,) or not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
-        raise ValueError(
-            f"prompt_lengths must be an int array [B] = [{B}], got {getattr(prompt_lengths, 'shape', None)}"
-        )
-    lengths = concrete(prompt_lengths)
-    if lengths is not None and (lengths.min() < 1 or lengths.max() > T0):
-        raise ValueError(f"prompt_lengths must be in [1, T0={T0}], got {lengths.tolist()}")
-    return (jnp.arange(T0) >= T0 - jnp.asarray(prompt_lengths)[:, None]).astype(jnp.int32)
-
-
-def _check_prompt_ids(prompt_BT, segment_ids, vocab_size: int) -> None:
-    """The prompt's ids (not its padding) are in [0, vocab_size), when their values are known."""
-    values = concrete(prompt_BT)
-    real = None if segment_ids is None else concrete(segment_ids)
-    if values is None or (segment_ids is not None and real is None):
-        return
-    ids = values if real is None else values[real == 1]
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        bad = ids[(ids < 0) | (ids >= vocab_size)]
-        raise ValueError(f"prompt ids must be in [0, vocab_size={vocab_size}), got {bad[:8].tolist()}")
 
 
 STATIC = ("graphdef", "max_new_tokens", "top_k", "greedy", "state_format")
@@ -184,15 +125,14 @@ def _sample_loop(
     from a decode step of the one before (its states re-quantized with a state_format); rows after their first
     eos hold eos."""
     if state_format is not None:
-        from retention.serve.quantized_state import round_trip_states
-
         requantize = lambda c: round_trip_states(c, state_format)
     else:
         requantize = lambda c: c
     caches = requantize(caches)
+    temperature = 0.0 if greedy else temperature  # a Python 0: the sampler takes the argmax and draws nothing
     B = logits_BV.shape[0]
     keys = jax.random.split(key, N)
-    first_B = _sample(logits_BV, keys[0], temperature, top_k, greedy)
+    first_B = sample(logits_BV, keys[0], temperature, top_k)
     new_BN = jnp.full((B, N), jnp.maximum(eos, 0), jnp.int32).at[:, 0].set(first_B)
 
     def body(carry):
@@ -200,7 +140,7 @@ def _sample_loop(
         last_B1 = jax.lax.dynamic_slice_in_dim(new_BN, i - 1, 1, axis=1)
         logits, caches = model.decode_step(last_B1, caches)
         caches = requantize(caches)
-        token_B = jnp.where(done_B, eos, _sample(logits[:, -1], keys[i], temperature, top_k, greedy))
+        token_B = jnp.where(done_B, eos, sample(logits[:, -1], keys[i], temperature, top_k))
         new_BN = jax.lax.dynamic_update_slice_in_dim(new_BN, token_B[:, None], i, axis=1)
         return i + 1, new_BN, caches, done_B | (token_B == eos)
 

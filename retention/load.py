@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from retention.checksum import mismatched
 from retention.data.tokenizer import HFTokenizer
 from retention.hf.config_out import hf_config, weight_name
 from retention.hf.load import build_lm
@@ -31,7 +32,6 @@ from retention.nn import LM, LMConfig
 from retention.nn.model import convert_layers
 from retention.parallel import state_shardings
 from retention.train.checkpoint import Checkpoints
-from retention.train.checksum import mismatched
 from retention.train.config import Config
 from retention.train.record import RECORD_FILE, config_from_dict, record_digest
 

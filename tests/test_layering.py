@@ -1,9 +1,11 @@
-"""The house's import rules, read from the source: every import runs downhill (validation <- ops, parallel, data <-
-nn <- train <- the face: load, export, hf, generation, serve <- eval, the lm-eval adapter), the Pallas kernels import
-nothing of `retention` and are reached only through the power-retention op's pallas.py, experiments/ runs downhill
-too (its helpers <- the benchmarks <- compare/ <- the scripts built on the comparison), `import retention.ops` loads
-neither the trainer's libraries nor Flax, `import retention` neither lm-eval nor torch, and a missing trainer
-library names the `train` extra."""
+"""The house's import rules, read from the source: every import runs downhill (validation, checksum <- ops,
+parallel, data <- nn <- train <- the face: load, export, hf, generation, serve <- eval, the lm-eval adapter), serving
+and generation import nothing of the trainer, no module of `retention` imports itself back through others (at the
+top or inside a function), the Pallas kernels import nothing of `retention` and are reached only through the
+power-retention op's pallas.py, experiments/ runs downhill too (its helpers <- the benchmarks <- compare/ <- the
+scripts built on the comparison), `import retention.ops` loads neither the trainer's libraries nor Flax, `import
+retention` neither lm-eval nor torch, serving and generation load none of the trainer's libraries, and a missing
+trainer library names the `train` extra."""
 
 import ast
 import pathlib
@@ -13,6 +15,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = {
     "retention.validation": 0,
+    "retention.checksum": 0,
     "retention.ops": 1,
     "retention.parallel": 1,
     "retention.data": 1,
@@ -26,6 +29,8 @@ LAYERS = {
     "retention.eval": 5,
 }
 KERNELS_IMPORTER = "retention/ops/power_retention/pallas.py"
+# (importer, imported): packages of the same or a lower layer that the importer still never imports
+APART = (("retention.serve", "retention.train"), ("retention.generation", "retention.train"))
 
 
 def _layer(module: str) -> int | None:
@@ -52,10 +57,73 @@ def _sources(folder: str):
     return sorted((ROOT / folder).rglob("*.py"))
 
 
+def _module(path: pathlib.Path) -> str:
+    """The dotted module name of a source file under ROOT (a package's `__init__` is the package)."""
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _edges(source: str, modules) -> set[str]:
+    """The `modules` a source imports, by every import statement in it, at the top or inside a function (`from
+    package import submodule` is an edge to the submodule)."""
+    edges = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            edges |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            edges |= {name if name in modules else node.module for name in names}
+    return edges & set(modules)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """{retention module: the other retention modules it imports}."""
+    modules = {_module(path): path for path in _sources("retention")}
+    return {name: _edges(path.read_text(), modules) - {name} for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for other in edges:
+                if other not in index:
+                    index[other] = low[other] = len(index)
+                    stack.append(other)
+                    on_stack.add(other)
+                    work.append((other, iter(sorted(graph[other]))))
+                    break
+                if other in on_stack:
+                    low[node] = min(low[node], index[other])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while not component or component[-1] != node:
+                        component.append(stack.pop())
+                        on_stack.discard(component[-1])
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
 def test_imports_run_downhill():
     uphill = []
     for path in _sources("retention"):
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        module = _module(path)
         own = _layer(module)
         if own is None:
             continue
@@ -64,6 +132,31 @@ def test_imports_run_downhill():
             if other is not None and other > own:
                 uphill.append(f"{module} imports {name}")
     assert not uphill, uphill
+
+
+def test_serving_and_generation_never_import_the_trainer():
+    crossing = [
+        f"{module} imports {name}"
+        for module, imports in _module_graph().items()
+        for importer, imported in APART
+        if _within(module, importer)
+        for name in imports
+        if _within(name, imported)
+    ]
+    assert not crossing, crossing
+
+
+def test_no_module_imports_itself_back():
+    """No import cycle among retention's modules, counting the imports inside functions (which would only hide
+    one)."""
+    assert not _cycles(_module_graph())
+
+
+def test_the_cycle_check_sees_imports_inside_functions():
+    source = "import a\nfrom b import c, x\n\ndef f():\n    from d import e\n"
+    assert _edges(source, {"a", "b", "b.c", "d", "d.e"}) == {"a", "b", "b.c", "d.e"}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert not _cycles({"a": {"b"}, "b": set()})
 
 
 def test_kernels_are_a_leaf_reached_through_one_file():
@@ -126,6 +219,21 @@ def test_retention_loads_without_lm_eval_or_torch():
     code = (
         "import sys, retention, retention.eval\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'lm_eval', 'torch'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_serving_and_generation_load_none_of_the_trainer_libraries():
+    """generate, every serving module and the package face's serving names come without Hydra, OmegaConf, Orbax,
+    tensorboardX or torch (the trainer's libraries, slow to import; Optax comes with Flax)."""
+    code = (
+        "import importlib, pkgutil, sys, retention, retention.generation, retention.serve\n"
+        "for module in pkgutil.iter_modules(retention.serve.__path__):\n"
+        "    importlib.import_module('retention.serve.' + module.name)\n"
+        "retention.generate, retention.prefill, retention.load_snapshot, retention.serve.Engine\n"
+        "heavy = {'hydra', 'omegaconf', 'orbax', 'tensorboardX', 'torch'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout

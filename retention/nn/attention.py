@@ -218,8 +218,22 @@ def _cache_bytes(windowed: bool):
 
 
 FULL_ATTENTION = MixerKind(
-    "full attention", _builder(False), _params, qkvo_weights, _mixing_flops(False), _cache_bytes(False), False
+    "full attention",
+    _builder(False),
+    _params,
+    qkvo_weights,
+    _mixing_flops(False),
+    _cache_bytes(False),
+    fixed_state=False,
+    step_bounded=False,
 )
 SLIDING_WINDOW = MixerKind(
-    "sliding-window attention", _builder(True), _params, qkvo_weights, _mixing_flops(True), _cache_bytes(True), True
+    "sliding-window attention",
+    _builder(True),
+    _params,
+    qkvo_weights,
+    _mixing_flops(True),
+    _cache_bytes(True),
+    fixed_state=True,
+    step_bounded=True,
 )

@@ -160,5 +160,12 @@ def _mixing_flops(config, T: int) -> float:
 
 
 GATED_DELTANET = MixerKind(
-    "Gated DeltaNet", _build, _params, _matmul_params, _mixing_flops, matrix_cache_bytes, fixed_state=True
+    "Gated DeltaNet",
+    _build,
+    _params,
+    _matmul_params,
+    _mixing_flops,
+    matrix_cache_bytes,
+    fixed_state=True,
+    step_bounded=False,
 )

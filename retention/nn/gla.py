@@ -160,4 +160,13 @@ def _mixing_flops(config, T: int) -> float:
     return 2 * d * d * (H + Hq) + 4 * c * d * Hq + 2 * conv_taps(config)
 
 
-GLA = MixerKind("gated linear attention", _build, _params, _matmul_params, _mixing_flops, matrix_cache_bytes, True)
+GLA = MixerKind(
+    "gated linear attention",
+    _build,
+    _params,
+    _matmul_params,
+    _mixing_flops,
+    matrix_cache_bytes,
+    fixed_state=True,
+    step_bounded=False,
+)

@@ -13,7 +13,9 @@ class MixerKind(NamedTuple):
     multiply activations, per token; mixing_flops(config, T): forward FLOPs per token of the sequence mixing and
     the short convolution at length T (the rest is 2 per matmul weight); cache_bytes(config, batch, max_len,
     step_tokens): bytes of its `init_cache(batch, max_len, config.dtype, step_tokens=...)`; fixed_state: whether
-    that is the same at every max_len (a recurrent state) or grows with it (a KV cache)."""
+    that is the same at every max_len (a recurrent state, a window's ring buffer) or grows with it (a KV cache of
+    max_len slots: a decode step needs room in it); step_bounded: whether a decode step may feed at most the cache's
+    step_tokens tokens (a ring buffer of window + step_tokens - 1 slots) rather than any number."""
 
     name: str
     build: Callable
@@ -22,3 +24,4 @@ class MixerKind(NamedTuple):
     mixing_flops: Callable[..., float]
     cache_bytes: Callable[..., int]
     fixed_state: bool
+    step_bounded: bool

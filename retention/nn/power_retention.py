@@ -203,5 +203,12 @@ def _cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
 
 
 POWER_RETENTION = MixerKind(
-    "power retention", _build, _params, _matmul_params, _mixing_flops, _cache_bytes, fixed_state=True
+    "power retention",
+    _build,
+    _params,
+    _matmul_params,
+    _mixing_flops,
+    _cache_bytes,
+    fixed_state=True,
+    step_bounded=False,
 )

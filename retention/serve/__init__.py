@@ -1,7 +1,9 @@
-"""Serving on top of the LM and `generate`: prefix snapshots (snapshot.py: a prefilled cache as a value, to
+"""Serving on top of the LM: prefix snapshots (snapshot_value.py the value, snapshot.py: a prefilled cache to
 continue, fork, save and load), a slot engine (engine.py: requests joining and leaving one compiled decode step),
-greedy speculative decoding with rollback (speculative.py) and power-retention states quantized at rest
-(quantized_state.py). The names load on first use (PEP 562), as in the package face."""
+greedy speculative decoding with rollback (speculative.py), recurrent states quantized at rest (quantized_state.py),
+and what these and `retention.generate` share: prompts (prompts.py), the sampler and its settings (sampling.py) and
+the caches' limits read from the mixer registry (cache_limits.py). `generate` builds on this package, which imports
+neither it nor the trainer. The names load on first use (PEP 562), as in the package face."""
 
 import importlib
 
@@ -9,8 +11,8 @@ _HOMES = {
     "retention.serve.engine": ("Engine",),
     "retention.serve.quantized_state": ("QuantizedArray", "dequantize_states", "quantize_states", "round_trip_states"),
     "retention.serve.speculative": ("speculative_generate", "verify"),
+    "retention.serve.snapshot_value": ("Snapshot",),
     "retention.serve.snapshot": (
-        "Snapshot",
         "extend",
         "fork",
         "load_snapshot",

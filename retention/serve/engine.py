@@ -14,12 +14,14 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jaxtyping import Array, Float, Int
 
-from retention.generation import check_prompt, check_sampling
 from retention.nn import LM
+from retention.serve.cache_limits import check_room
+from retention.serve.prompts import check_prompt
 from retention.serve.quantized_state import STATE_FORMATS, round_trip_states
-from retention.serve.snapshot import Snapshot, check_snapshot, prefill
+from retention.serve.sampling import check_sampling, sample
+from retention.serve.snapshot import check_snapshot, prefill
+from retention.serve.snapshot_value import Snapshot
 from retention.validation import check_choice, check_int
 
 
@@ -82,9 +84,8 @@ class Engine:
         if None not in self.requests:
             raise ValueError(f"the slot batch is full: all slots={self.slots} hold requests (step until one leaves)")
         snapshot = self._snapshot(start)
-        room = self.max_len - int(snapshot.caches.length)
-        if "A" in self.model.config.layer_kinds and max_new_tokens > room:
-            raise ValueError(f"max_new_tokens={max_new_tokens} does not fit: the cache has room for {room} more")
+        held = int(snapshot.caches.length)
+        check_room(self.model.config, held, max_new_tokens, self.max_len, f"max_new_tokens={max_new_tokens}")
         slot = self.requests.index(None)
         self.caches, self.logits_S1V = _insert(self.caches, self.logits_S1V, snapshot.caches, snapshot.logits, slot)
         key = jax.random.key(0) if key is None else key
@@ -161,22 +162,13 @@ def _insert(caches, logits_S1V, one_caches, one_logits_1V, slot):
     return jax.tree.map(put, caches, one_caches), put(logits_S1V, one_logits_1V)
 
 
-def _sample_slot(logits_V: Float[Array, " V"], key, temperature, top_k) -> Int[Array, ""]:
-    """One token: argmax at temperature 0, else a draw from softmax(logits / temperature) over the top_k (traced
-    per slot, so every slot has its own settings)."""
-    kth_best = jnp.sort(logits_V)[::-1][top_k - 1]
-    masked = jnp.where(logits_V < kth_best, -jnp.inf, logits_V)
-    drawn = jax.random.categorical(key, masked / jnp.where(temperature > 0, temperature, 1.0))
-    return jnp.where(temperature > 0, drawn, jnp.argmax(logits_V)).astype(jnp.int32)
-
-
 @partial(jax.jit, static_argnames=("graphdef", "state_format"), donate_argnums=(2,))
 def _step(graphdef, state, caches, logits_S1V, active_S, temperature_S, top_k_S, key_S, count_S, *, state_format):
     """(token [S] drawn from each slot's logits, the logits and caches after decoding it, from states re-quantized
     in state_format when given); free slots keep their caches."""
     model = nnx.merge(graphdef, state)
     keys = jax.vmap(jax.random.fold_in)(key_S, count_S)
-    token_S = jax.vmap(_sample_slot)(logits_S1V[:, 0], keys, temperature_S, top_k_S)
+    token_S = jax.vmap(sample)(logits_S1V[:, 0], keys, temperature_S, top_k_S)  # each slot its own settings
     read = (lambda c: c) if state_format is None else (lambda c: round_trip_states(c, state_format))
     logits, new = jax.vmap(lambda t, c: model.decode_step(t[None, None], read(c)))(token_S, caches)
     keep = lambda n, o: jnp.where(active_S.reshape((-1,) + (1,) * (n.ndim - 1)), n, o)

@@ -29,7 +29,7 @@ from retention.nn.matrix_state import MatrixStateCache
 from retention.nn.power_retention import RetentionCache
 from retention.ops import RetentionState
 from retention.ops.attention.quantized import dequantize, quantize
-from retention.serve.snapshot import Snapshot
+from retention.serve.snapshot_value import Snapshot
 from retention.validation import check_choice
 
 STATE_FORMATS = (8, 4, "fp8")

@@ -1,4 +1,4 @@
-"""Prefix snapshots: a prefilled LM cache as a value (a pytree), to continue, fork, save and load.
+"""Prefix snapshots: a prefilled LM cache as a value (a pytree, snapshot_value.py), to continue, fork, save and load.
 
 A `Snapshot` holds the LM's LMCache (each layer's cache: a P layer's fixed-size state, an A or W layer's keys and
 values, float or quantized; the tokens seen; each row's segment id and next RoPE position), the last token's
@@ -21,18 +21,20 @@ import hashlib
 import json
 import os
 import weakref
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 import safetensors
 import safetensors.flax
 from flax import nnx
-from jaxtyping import Array, Float
+from jaxtyping import Array
 
-from retention.generation import _check_prompt_ids, _prompt_segments, check_prompt
+from retention.checksum import mismatched, tree_checksums
 from retention.nn import LM, LMCache, LMConfig
-from retention.train.checksum import mismatched, tree_checksums
+from retention.serve.cache_limits import check_room, step_size
+from retention.serve.prompts import check_prompt, check_prompt_ids, prompt_segments
+from retention.serve.quantized_state import STATE_FORMATS, quantize_states, state_format_of
+from retention.serve.snapshot_value import Snapshot
 from retention.validation import check_int, concrete
 
 # config fields that choose an op path, not the caches' layout or the function computed
@@ -40,35 +42,12 @@ OP_PATH_FIELDS = ("retention_impl", "attention_impl")
 FORMAT = "retention.snapshot/1"
 
 
-@partial(
-    jax.tree_util.register_dataclass,
-    data_fields=("caches", "logits"),
-    meta_fields=("config", "weights_digest", "max_len", "step_tokens"),
-)
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    """An LM's caches after a prompt: caches (LMCache, B rows), logits [B, V] float32 of each row's last token;
-    static: config (LMConfig), weights_digest (sha256 of the weights' checksums), max_len and step_tokens (the
-    caches were made for up to max_len tokens in all, decoded in steps of up to step_tokens)."""
-
-    caches: LMCache
-    logits: Float[Array, "B V"]
-    config: LMConfig
-    weights_digest: str
-    max_len: int
-    step_tokens: int
-
-    @property
-    def rows(self) -> int:
-        return self.logits.shape[0]
-
-
 # model -> (weak references to the parameter arrays its digest was computed from, the digest)
 _DIGESTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def weights_digest(model: LM, state: nnx.State | None = None) -> str:
-    """sha256 of the checksum pair of every parameter array (retention/train/checksum.py), computed on the device
+    """sha256 of the checksum pair of every parameter array (retention/checksum.py), computed on the device
     once per set of arrays: it is kept per model beside weak references to the arrays it was computed from, and
     reused while the model holds those very arrays. JAX arrays are immutable, so any change of weights in place
     (nnx.update, an optimizer step, assigning a Variable's value) puts other arrays in the model and the digest is
@@ -95,8 +74,6 @@ def _config_difference(saved: LMConfig, model: LMConfig) -> str | None:
 
 def _check_float_states(snapshot: Snapshot, name: str) -> None:
     """`snapshot` (the argument `name`) holds its recurrent states in float32, not quantized (ValueError)."""
-    from retention.serve.quantized_state import state_format_of  # it builds on this module
-
     if (state_format := state_format_of(snapshot)) is not None:
         raise ValueError(
             f"{name}'s recurrent states are quantized ({state_format!r}): call dequantize_states({name}) "
@@ -133,8 +110,8 @@ def prefill(
     check_prompt("tokens", tokens_BT)
     check_int("max_len", max_len)
     check_int("step_tokens", step_tokens)
-    segment_ids = None if prompt_lengths is None else _prompt_segments(prompt_lengths, *tokens_BT.shape)
-    _check_prompt_ids(tokens_BT, segment_ids, model.config.vocab_size)
+    segment_ids = None if prompt_lengths is None else prompt_segments(prompt_lengths, *tokens_BT.shape)
+    check_prompt_ids(tokens_BT, segment_ids, model.config.vocab_size)
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     if segment_ids is not None:
         tokens_BT = jnp.where(segment_ids == 1, tokens_BT, 0)  # the padding's values are never seen
@@ -144,8 +121,8 @@ def prefill(
 
 def extend(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
     """The snapshot after n more tokens [B, n] (continuing each row's document), fed in steps of up to
-    snapshot.step_tokens tokens when the model has sliding-window layers (their ring buffer holds that many), in
-    one step otherwise. n = 0 returns the snapshot."""
+    snapshot.step_tokens tokens when a layer's cache bounds a decode step (a sliding window's ring buffer holds that
+    many: `MixerKind.step_bounded`), in one step otherwise. n = 0 returns the snapshot."""
     check_snapshot(model, snapshot, "snapshot")
     return extend_checked(model, snapshot, tokens_Bn)
 
@@ -156,14 +133,10 @@ def extend_checked(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
         raise ValueError(f"tokens must be an int array [B={snapshot.rows}, n], got {getattr(tokens_Bn, 'shape', None)}")
     n = tokens_Bn.shape[1]
     length = concrete(snapshot.caches.length)
-    if "A" in model.config.layer_kinds and length is not None and int(length) + n > snapshot.max_len:
-        raise ValueError(
-            f"the snapshot holds {int(length)} tokens of max_len={snapshot.max_len}: no room for {n} more "
-            "(prefill with a larger max_len)"
-        )
+    check_room(model.config, None if length is None else int(length), n, snapshot.max_len, f"{n} more tokens")
     if n == 0:
         return snapshot
-    piece = snapshot.step_tokens if "W" in model.config.layer_kinds else n
+    piece = step_size(model.config, snapshot.step_tokens, n)
     caches, logits = snapshot.caches, snapshot.logits
     for start in range(0, n, piece):
         step_logits, caches = model.decode_step(jnp.asarray(tokens_Bn[:, start : start + piece], jnp.int32), caches)
@@ -213,8 +186,6 @@ def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=N
     shapes, the format of its recurrent states and the checksum pair of every array. state_format (8, 4, "fp8"):
     quantize the float32 states per row first (`quantize_states`); None writes them as they are (float32, or
     quantized already). `load_snapshot` gives back what was written."""
-    from retention.serve.quantized_state import quantize_states, state_format_of  # it builds on this module
-
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
     if state_format is not None:
@@ -240,8 +211,6 @@ def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
     """The snapshot saved at `path`, for `model` (its states quantized when they were saved so: `dequantize_states`
     to continue): ValueError naming the file when it cannot be read, is of another format than FORMAT or an array
     fails its checksum, and naming the differing fields when it comes from another config (or other weights)."""
-    from retention.serve.quantized_state import STATE_FORMATS, quantize_states  # it builds on this module
-
     path = os.fspath(path)
     damaged = lambda e: ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}")
     try:

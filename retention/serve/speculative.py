@@ -19,7 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from retention.nn import LM
-from retention.serve.snapshot import Snapshot, check_snapshot, extend, prefill
+from retention.serve.cache_limits import check_room
+from retention.serve.snapshot import check_snapshot, extend, prefill
+from retention.serve.snapshot_value import Snapshot
 from retention.validation import check_int
 
 
@@ -59,11 +61,7 @@ def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
             f"{snapshot.step_tokens} new ones): prefill with step_tokens >= k + 1"
         )
     tokens_1n = jnp.asarray(tokens_1n, jnp.int32)
-    length = int(snapshot.caches.length)
-    if "A" in target.config.layer_kinds and length + k + 1 > snapshot.max_len:
-        raise ValueError(
-            f"the snapshot holds {length} tokens of max_len={snapshot.max_len}: no room for k + 1 = {k + 1}"
-        )
+    check_room(target.config, int(snapshot.caches.length), k + 1, snapshot.max_len, f"k + 1 = {k + 1} tokens")
     logits, trails = target.verify_step(tokens_1n, snapshot.caches)
     choices = np.asarray(jnp.argmax(logits[0], axis=-1))
     drafts = np.asarray(tokens_1n[0, 1:])

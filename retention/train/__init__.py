@@ -1,8 +1,8 @@
 """Training: structured configs (config), AdamW (optimizer), the compiled steps (step) and evaluation (evaluate), Orbax
-checkpoints with per-array checksums (checkpoint, checksum), the run folder's record and lock (record, lock), stop
-signals and preemption (signals), TensorBoard and HParams (metrics, hparams), the loss-by-position plot
-(position_plot), the loop (loop, progress) and its convergence rule (convergence). The trainer's libraries (Optax,
-Orbax, Hydra, tensorboardX, matplotlib, ...) come with the `train` extra."""
+checkpoints with per-array checksums (checkpoint; the sums are retention/checksum.py's), the run folder's record and
+lock (record, lock), stop signals and preemption (signals), TensorBoard and HParams (metrics, hparams), the
+loss-by-position plot (position_plot), the loop (loop, progress) and its convergence rule (convergence). The
+trainer's libraries (Optax, Orbax, Hydra, tensorboardX, matplotlib, ...) come with the `train` extra."""
 
 try:
     from retention.train.config import (

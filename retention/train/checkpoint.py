@@ -2,7 +2,7 @@
 (every K steps, and at JAX's preemption sync point), keep N, restore the newest good one.
 
 Each checkpoint `<dir>/<step>/state` carries in its Orbax metadata the run's record (config and parameter
-shapes, with its sha256), a checksum pair per array (retention/train/checksum.py) and the run's progress
+shapes, with its sha256), a checksum pair per array (retention/checksum.py) and the run's progress
 (first loss, last loss, tokens/s). On restore every array is checked against its checksum; a checkpoint that
 cannot be read, fails a checksum or holds NaN or inf is moved aside to `<dir>_damaged/<step>_<time>` (never
 deleted) with a warning, and the one before it is tried. A checkpoint written under one device mesh restores
@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import SingleDeviceSharding
 from orbax.checkpoint import checkpoint_managers as policies
 
-from retention.train.checksum import mismatched, tree_checksums
+from retention.checksum import mismatched, tree_checksums
 from retention.train.record import RunMismatch, record_digest
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """The mixer registry's formulas against the modules they describe: for every letter, the parameter count of the
 built mixer and the bytes of its `init_cache` at several batches, lengths and step sizes (float and quantized KV,
-bf16, with and without the short convolution, QK-norm and q/k/v biases), and whether the cache is fixed in length."""
+bf16, with and without the short convolution, QK-norm and q/k/v biases), whether the cache is fixed in length and
+whether it bounds a decode step by step_tokens."""
 
 import dataclasses
 from functools import partial
@@ -32,6 +33,7 @@ def test_formulas_equal_the_module(letter, variant):
         made = jax.eval_shape(partial(mixer.init_cache, batch, max_len, config.dtype, step_tokens=step_tokens))
         assert kind.cache_bytes(config, batch, max_len, step_tokens) == cache_bytes(made)
     assert kind.fixed_state == (kind.cache_bytes(config, 1, 10) == kind.cache_bytes(config, 1, 10_000))
+    assert kind.step_bounded == (kind.cache_bytes(config, 1, 100, 1) != kind.cache_bytes(config, 1, 100, 4))
 
 
 def test_every_letter_is_a_valid_pattern():

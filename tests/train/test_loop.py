@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
+from retention.checksum import tree_checksums
 from retention.train import NonFiniteLoss, train
-from retention.train.checksum import tree_checksums
 from tests.train.common import TINY, compose_config, event_files, event_tags, saved_state, saved_steps
 
 

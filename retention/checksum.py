@@ -1,4 +1,5 @@
-"""Per-array checksums computed on the devices, so a checkpoint can prove on restore that it holds what was saved.
+"""Per-array checksums computed on the devices, so a file can prove on reading that it holds what was written (the
+trainer's checkpoints, exports, serving's snapshot files and weights digests). It needs JAX and NumPy only.
 
 Each array's bits are read as uint32 words (16- and 8-bit types widened, 64-bit ones split in two) and summed
 twice with wrapping uint32 arithmetic: plainly, and weighted by each word's position (1, 2, ...). A single

@@ -1,0 +1,35 @@
+"""The Snapshot value: an LM's caches after a prompt and the logits of its last token, with the config, weights
+digest and cache shapes they came from. What is done with one (prefill, extend, fork, check, save, load) is in
+snapshot.py; its quantized states are quantized_state.py's."""
+
+import dataclasses
+from functools import partial
+
+import jax
+from jaxtyping import Array, Float
+
+from retention.nn import LMCache, LMConfig
+
+
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=("caches", "logits"),
+    meta_fields=("config", "weights_digest", "max_len", "step_tokens"),
+)
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """An LM's caches after a prompt: caches (LMCache, B rows), logits [B, V] float32 of each row's last token;
+    static: config (LMConfig), weights_digest (sha256 of the weights' checksums), max_len and step_tokens (the
+    caches were made for up to max_len tokens in all, decoded in steps of up to step_tokens)."""
+
+    caches: LMCache
+    logits: Float[Array, "B V"]
+    config: LMConfig
+    weights_digest: str
+    max_len: int
+    step_tokens: int
+
+    @property
+    def rows(self) -> int:
+        """The snapshot's rows (B)."""
+        return self.logits.shape[0]
