@@ -9,8 +9,8 @@ largest output. With w_ts = (q_t.k_s)^deg (power retention's weights, no gate) a
 query's key before the query writes a competing value with the same weight as the true pair.
 
 Accuracy on the trainer's MQAR batches (retention/data/mqar.py, the eval split) against head dim, degree, gap and
-the filler (`vocab`: drawn from the whole vocabulary as in Zoology; `values`: every filler token replaced by a
-value id, so no key repeats), written as JSON:
+the filler (MQAR's `filler`: `vocab`, drawn from the whole vocabulary as in Zoology; `values`, value ids only, so
+no key repeats), written as JSON:
 
     python -m experiments.hand_built_recall --out results/hand_built_recall.json
 """
@@ -71,22 +71,13 @@ def recall_accuracy(
 ) -> float:
     """The hand-built layer's accuracy at the queries of `batches` eval batches of MQAR at min_gap `gap` (the answer:
     the value id, in the value half of the vocabulary, of largest output)."""
-    if filler not in ("vocab", "values"):
-        raise ValueError(f"filler must be 'vocab' or 'values', got {filler!r}")
-    data = MQAR(**cell, batch_size=batch, min_gap=gap, seed=seed)
+    data = MQAR(**cell, batch_size=batch, min_gap=gap, seed=seed, filler=filler)
     V, n_keys = data.vocab_size, data.vocab_size // 2 - 1
     e = embeddings(V, heads, head_dim, np.random.default_rng([seed, head_dim, heads]))
     correct = total = 0
     for i in range(batches):
         b = data.batch(i, split="eval")
-        inputs = b.inputs.astype(np.int64)
-        if filler == "values":
-            rng = np.random.default_rng([seed, i])
-            structure = np.zeros_like(inputs, dtype=bool)
-            structure[:, : 2 * data.num_kv_pairs] = True
-            structure |= b.targets >= 0  # the queries
-            inputs = np.where(structure, inputs, rng.integers(V // 2, V, size=inputs.shape))
-        y = retention_outputs(*layer_qkv(inputs, e, n_keys), deg)
+        y = retention_outputs(*layer_qkv(b.inputs.astype(np.int64), e, n_keys), deg)
         answer = V // 2 + y[..., V // 2 :].argmax(-1)
         mask = b.targets >= 0
         correct += int((answer == b.targets)[mask].sum())
