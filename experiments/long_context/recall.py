@@ -10,7 +10,7 @@ trainer's eval and learning-rate choice never saw), each row one sequence read b
 - passkey: a query is one row (one passkey: its five digits the labels), ceil(queries / depths) rows at each of
   the run's depths, so at least `queries` rows in all. exact match: the share of passkeys with all five digits
   right (per depth and over all); accuracy: the share of digits.
-Rows are read `batch` at a time: batch = max(1, min(rows, batch_tokens // L)).
+Rows are read in the fewest batches of at most max(1, batch_tokens // L) rows, all of one size (rows_and_batch).
 """
 
 import dataclasses
@@ -41,14 +41,15 @@ def rows_and_batch(queries: int, per_row: int, length: int, batch_tokens: int) -
         batch_tokens: tokens per batch, at least one row.
 
     Returns:
-        (rows, batches, batch): batches * batch >= rows = ceil(queries / per_row).
+        (rows, batches, batch): rows = ceil(queries / per_row), in the fewest batches of at most
+        max(1, batch_tokens // length) rows, each as small as that allows (so batches * batch - rows < batches).
     """
     for name, value in (("queries", queries), ("per_row", per_row), ("length", length)):
         check_int(name, value)
     check_int("batch_tokens", batch_tokens)
     rows = math.ceil(queries / per_row)
-    batch = max(1, min(rows, batch_tokens // length))
-    return rows, math.ceil(rows / batch), batch
+    batches = math.ceil(rows / max(1, batch_tokens // length))
+    return rows, batches, math.ceil(rows / batches)
 
 
 def _read(reader: Reader, make_batch: Callable[[int], object], batches: int) -> tuple[dict, float]:

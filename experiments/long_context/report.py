@@ -89,9 +89,12 @@ def recall_figure(result: dict, path: Path) -> str:
         log_ticks(ax, result["lengths"])
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("sequence length (tokens)")
-        ylabel = f"accuracy (share of queries; gap {result['gap_fraction']:g} L)" if task == "mqar" else "exact match"
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{task}: at least {result['queries']} queries a length")
+        if task == "mqar":
+            ax.set_ylabel(f"accuracy (share of queries; gap {result['gap_fraction']:g} L)")
+            ax.set_title(f"MQAR: at least {result['queries']} queries a length")
+        else:
+            ax.set_ylabel("exact match (share of passkeys, all five digits)")
+            ax.set_title(f"passkey: at least {result['queries']} passkeys a length")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return save(fig, path)

@@ -104,7 +104,7 @@ def test_recall_reads_at_least_the_queries_asked_for(runs, tmp_path):
             if task == "mqar":
                 assert m["queries"] == 4 * m["sequences"] == 4 * 12 and m["min_gap"] == int(L) // 2
             else:
-                per_depth = {"128": 12, "256": 10}[L]  # 9 passkeys a depth, in whole batches of 4 and 2 rows
+                per_depth = {"128": 9, "256": 10}[L]  # 9 passkeys a depth: 3 batches of 3 rows, 5 of 2
                 assert set(m["depths"]) == {"0", "0.25", "0.5", "0.75", "1"} and m["queries"] == 5 * per_depth
                 assert all(d["queries"] == per_depth for d in m["depths"].values())
     assert rows["mqar", "linear"]["lengths"]["256"]["rope_factor"] == 4.0
@@ -118,8 +118,9 @@ def test_rows_hold_at_least_the_queries_asked_for():
         for per_row in (1, 4, 64):
             for L, batch_tokens in ((4096, 65536), (65536, 65536), (16384, 1)):
                 rows, batches, batch = rows_and_batch(queries, per_row, L, batch_tokens)
-                assert rows * per_row >= queries > (rows - 1) * per_row and batches * batch >= rows
-                assert batch == max(1, min(rows, batch_tokens // L)) and (batches - 1) * batch < rows
+                most = max(1, batch_tokens // L)
+                assert rows * per_row >= queries > (rows - 1) * per_row and rows <= batches * batch < rows + batches
+                assert batch <= most and batches == -(-rows // most)  # the fewest batches that fit
     with pytest.raises(ValueError, match="queries must be an int >= 1, got 0"):
         rows_and_batch(0, 4, 64, 64)
 
