@@ -18,7 +18,7 @@ from experiments.formatting import human_bytes
 from retention.nn import LM
 from retention.train.config import Config, make_dataset, make_lm_config
 from retention.train.evaluate import bits_per_byte, target_bytes
-from retention.train.step import SCALAR_SUMS, masked_sums, ratios
+from retention.train.step import ratios, score_sums, token_scores
 
 
 def test_lengths(preset: Preset, run: Run, seq_len: int) -> list[int]:
@@ -40,18 +40,41 @@ def _forward_sums(graphdef, params, inputs_BT, targets_BT):
     return eval_sums(nnx.merge(graphdef, params), inputs_BT, targets_BT)
 
 
+def compiled_forward(graphdef, params, batch: int, L: int):
+    """The full-forward eval sums (`eval_sums`) compiled for [batch, L] tokens, and XLA's estimate of its memory.
+
+    Args:
+        graphdef: the model's graph (static).
+        params: its parameters (an nnx.State, or their ShapeDtypeStructs).
+        batch: rows per call.
+        L: tokens per row.
+
+    Returns:
+        (compiled(params, inputs_BT, targets_BT) -> masked sums, its bytes: temporaries + arguments + output).
+    """
+    tokens = jax.ShapeDtypeStruct((batch, L), jnp.int32)
+    compiled = _forward_sums.lower(graphdef, params, tokens, tokens).compile()
+    memory = compiled.memory_analysis()
+    return compiled, memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
+
+
+_token_scores, _score_sums = jax.jit(token_scores), jax.jit(score_sums)
+
+
 def decode_sums(model: LM, inputs_BT, targets_BT, chunk: int) -> dict:
-    """Masked sums of a batch run as a prefill of its first `chunk` tokens then decode steps of `chunk` tokens, so
-    every later token reads the model's decode caches (a quantized KV cache, when the model has one)."""
+    """The masked sums of `eval_sums` (per-position ones included) of a batch run as a prefill of its first `chunk`
+    tokens then decode steps of `chunk` tokens, so every later token reads the caches carried from the tokens
+    before it: the model's decode caches (a quantized KV cache, when the model has one; a fixed-size state for the
+    recurrent layers). Each step's token scores are joined along T before they are summed, so a row's exact match
+    is over the whole row."""
     L = inputs_BT.shape[1]
     chunk = min(chunk, L)
     logits, caches = model.prefill(inputs_BT[:, :chunk], L, step_tokens=chunk)
-    sums = jax.jit(lambda *a: {k: v for k, v in masked_sums(*a).items() if k in SCALAR_SUMS})  # no per-position sums
-    total = sums(logits, targets_BT[:, :chunk])
+    scores = [_token_scores(logits, targets_BT[:, :chunk])]
     for t in range(chunk, L, chunk):
         logits, caches = model.decode_step(inputs_BT[:, t : t + chunk], caches)
-        total = _add(total, sums(logits, targets_BT[:, t : t + chunk]))
-    return total
+        scores.append(_token_scores(logits, targets_BT[:, t : t + chunk]))
+    return _score_sums(*(jnp.concatenate(parts, axis=1) for parts in zip(*scores)))
 
 
 def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: int) -> dict:
@@ -68,10 +91,7 @@ def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: 
         for b in batches:
             total = _add(total, decode_sums(model, jnp.asarray(b.inputs), jnp.asarray(b.targets), spec.decode_chunk))
     else:
-        tokens = jax.ShapeDtypeStruct((batch, L), jnp.int32)
-        compiled = _forward_sums.lower(graphdef, params, tokens, tokens).compile()
-        memory = compiled.memory_analysis()
-        nbytes = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
+        compiled, nbytes = compiled_forward(graphdef, params, batch, L)
         if nbytes > preset.long_eval_bytes:
             return {"skipped": f"not run: memory {human_bytes(nbytes)} > {human_bytes(preset.long_eval_bytes)}"}
         for b in batches:

@@ -12,8 +12,11 @@ Hugging Face: `datasets.load_dataset(name, data_files=..., split=..., streaming=
 pattern in data_files counts as the files it matches (their names, sizes and times in the cache key, their bytes
 in the fingerprint), so a file added under it is never served from an older cache.
 
-Split: a document is in eval when blake2b(its name) / 2**64 < eval_fraction, its name being the path relative to
-the root (folder) or the row index (Hugging Face); renaming or adding other documents never moves it.
+Long documents: with `min_doc_bytes` > 0 a source holds only the documents of at least that many bytes (a file's
+size; a row's text as UTF-8), so both splits hold whole long documents (the `long_text` data config).
+
+Split: a document is in eval when blake2b(its name) / 2**64 < eval_fraction (`split_hash`), its name being the path
+relative to the root (folder) or the row index (Hugging Face); renaming or adding other documents never moves it.
 """
 
 import codecs
@@ -26,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from retention.data.cache import cache_key
+from retention.data.progress import utf8_bytes
 
 CHUNK_BYTES = 1 << 22  # 4 MiB: the most of a file held in memory at once
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
@@ -38,10 +42,14 @@ def default_path() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
+def split_hash(name: str) -> float:
+    """The split's hash of the document called `name`: blake2b(name) / 2**64, a stable number in [0, 1)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") / 2**64
+
+
 def in_eval(name: str, eval_fraction: float) -> bool:
     """Whether the document called `name` is in the eval split: a stable hash of its name below eval_fraction."""
-    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64 < eval_fraction
+    return split_hash(name) < eval_fraction
 
 
 def text_chunks(path: str) -> Iterator[str]:
@@ -81,16 +89,19 @@ def files_digest(root: str, names: list[str]) -> str:
 
 
 class FolderSource:
-    """The text files under `root` whose names end with one of `extensions` (None: all)."""
+    """The text files under `root` whose names end with one of `extensions` (None: all) of at least
+    `min_doc_bytes` bytes."""
 
-    def __init__(self, root: str, extensions: list[str] | None = None):
+    def __init__(self, root: str, extensions: list[str] | None = None, min_doc_bytes: int = 0):
         if not os.path.isdir(root):
             raise ValueError(f"path must be a folder of text files, got {root!r} (not a folder)")
         self.root, self.extensions = root, None if extensions is None else tuple(extensions)
+        self.min_doc_bytes = min_doc_bytes
         self.names = self.files()  # listed once: the cache key and the documents read are the same files
 
     def files(self) -> list[str]:
-        """The candidate files' paths relative to the root (POSIX separators), sorted; not yet checked for text."""
+        """The candidate files' paths relative to the root (POSIX separators), sorted; not yet checked for text.
+        A file under min_doc_bytes is no candidate (so the listing, and with it the cache key, names none)."""
         names = []
         for folder, subfolders, files in os.walk(self.root):
             subfolders[:] = [s for s in subfolders if s not in SKIPPED_FOLDERS and not s.startswith(".")]
@@ -98,7 +109,9 @@ class FolderSource:
                 path = os.path.join(folder, name)
                 if name.startswith(".") or not os.path.isfile(path) or os.path.islink(path):
                     continue
-                if self.extensions is None or name.endswith(self.extensions):
+                if (self.extensions is None or name.endswith(self.extensions)) and (
+                    os.path.getsize(path) >= self.min_doc_bytes
+                ):
                     names.append(Path(os.path.relpath(path, self.root)).as_posix())
         return sorted(names)
 
@@ -120,8 +133,13 @@ class FolderSource:
         return sum(os.path.getsize(os.path.join(self.root, n)) for n in names)
 
     def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
-        """Each text document of `split` as an iterator of its text pieces, in sorted name order; once all are
-        read, a warning counts the files skipped as not text and names the first SKIPS_NAMED with the reason."""
+        """Each text document of `split` as an iterator of its text pieces, in sorted name order (see
+        `named_documents`)."""
+        return (pieces for _, pieces in self.named_documents(split, eval_fraction))
+
+    def named_documents(self, split: str, eval_fraction: float) -> Iterator[tuple[str, Iterator[str]]]:
+        """(name, an iterator of its text pieces) of each text document of `split`, in sorted name order; once all
+        are read, a warning counts the files skipped as not text and names the first SKIPS_NAMED with the reason."""
         skipped, candidates = [], 0
         for name in self.names:
             path = os.path.join(self.root, name)
@@ -129,7 +147,7 @@ class FolderSource:
                 continue
             candidates += 1
             if (problem := not_text(path)) is None:
-                yield text_chunks(path)
+                yield name, text_chunks(path)
             else:
                 skipped.append(f"{name} ({problem})")
         if skipped:
@@ -142,11 +160,12 @@ class FolderSource:
 
 
 class HFSource:
-    """The rows of a Hugging Face dataset: `load_dataset(name, data_files=..., split=..., streaming=...)`."""
+    """The rows of a Hugging Face dataset: `load_dataset(name, data_files=..., split=..., streaming=...)`, those
+    whose text has at least `min_doc_bytes` bytes."""
 
-    def __init__(self, name: str, data_files, text_field: str, split: str, streaming: bool):
+    def __init__(self, name: str, data_files, text_field: str, split: str, streaming: bool, min_doc_bytes: int = 0):
         self.name, self.data_files, self.text_field = name, data_files, text_field
-        self.split, self.streaming = split, streaming
+        self.split, self.streaming, self.min_doc_bytes = split, streaming, min_doc_bytes
 
     def patterns(self) -> list[str]:
         """data_files as a list: file paths, glob patterns or remote names."""
@@ -167,13 +186,16 @@ class HFSource:
         for f in self.patterns():
             listing = [[m, os.stat(m).st_size, os.stat(m).st_mtime_ns] for m in self.local_files(f)]
             stats.append(listing[0] if os.path.isfile(f) else [f, listing] if glob.has_magic(f) else [f])
-        return {
+        identity = {
             "source": "hf",
             "name": self.name,
             "data_files": stats,
             "text_field": self.text_field,
             "split": self.split,
         }
+        if self.min_doc_bytes:  # only when set: the caches made before the option keep their names
+            identity["min_doc_bytes"] = self.min_doc_bytes
+        return identity
 
     def content_digest(self) -> str:
         """The digest of the local data files' names and bytes (files_digest), with the load_dataset arguments
@@ -196,9 +218,15 @@ class HFSource:
         )
 
     def documents(self, split: str, eval_fraction: float) -> Iterator[Iterator[str]]:
-        """Each row's text in `split` (by the hash of its index) as a one-piece iterator."""
+        """Each row's text in `split` (by the hash of its index) as a one-piece iterator (see `named_documents`)."""
+        return (pieces for _, pieces in self.named_documents(split, eval_fraction))
+
+    def named_documents(self, split: str, eval_fraction: float) -> Iterator[tuple[str, Iterator[str]]]:
+        """(the row index as a string, its text as a one-piece iterator) of each row in `split` (by the hash of
+        its index) whose text has at least min_doc_bytes bytes."""
         for index, row in enumerate(self.rows()):
             if self.text_field not in row:
                 raise ValueError(f"data.hf_text_field={self.text_field!r} is not a column of {self.name}: {list(row)}")
-            if in_eval(str(index), eval_fraction) == (split == "eval"):
-                yield iter([row[self.text_field]])
+            text = row[self.text_field]
+            if in_eval(str(index), eval_fraction) == (split == "eval") and utf8_bytes(text) >= self.min_doc_bytes:
+                yield str(index), iter([text])

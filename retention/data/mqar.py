@@ -70,26 +70,34 @@ class MQAR:
         self.gap = min_gap + min_gap % 2  # the first query slot's offset after the pairs (queries sit at even offsets)
         self.check_length("seq_len", seq_len)
 
-    def check_length(self, name: str, seq_len: int) -> None:
-        """seq_len must be even with 4 * num_kv_pairs + the gap <= seq_len (room for the pairs, the gap and the
-        queries)."""
+    def check_length(self, name: str, seq_len: int, gap: int | None = None) -> None:
+        """seq_len must be even with 4 * num_kv_pairs + the gap (min_gap rounded up to even; `gap` when given)
+        <= seq_len (room for the pairs, the gap and the queries)."""
         check_int(name, seq_len)
-        least = 4 * self.num_kv_pairs + self.gap
+        gap = self.gap if gap is None else gap
+        least = 4 * self.num_kv_pairs + gap
         if seq_len % 2 or least > seq_len:
-            gap = f" + min_gap rounded up to even ({self.gap})" if self.gap else ""
-            raise ValueError(f"{name} must be even and >= 4 * num_kv_pairs{gap} = {least}, got {seq_len}")
+            named = f" + min_gap rounded up to even ({gap})" if gap else ""
+            raise ValueError(f"{name} must be even and >= 4 * num_kv_pairs{named} = {least}, got {seq_len}")
 
-    def batch(self, index: int, *, seq_len: int | None = None, split: str = "train") -> Batch:
-        """Batch `index` of `split`: inputs and targets [batch_size, seq_len] (targets: values at the queries)."""
+    def batch(
+        self, index: int, *, seq_len: int | None = None, split: str = "train", min_gap: int | None = None
+    ) -> Batch:
+        """Batch `index` of `split`: inputs and targets [batch_size, seq_len] (targets: values at the queries).
+        `min_gap` replaces the generator's for this batch (a long-context eval's gap of thousands of tokens, where
+        the generator's is the training length's); the rows laid out with it are far_fraction's as ever."""
         L = self.seq_len if seq_len is None else seq_len
-        self.check_length("seq_len", L)
+        if min_gap is not None:
+            check_int("min_gap", min_gap, low=0)
+        gap = self.gap if min_gap is None else min_gap + min_gap % 2
+        self.check_length("seq_len", L, gap)
         rng = rng_for(self.seed, split, index, L)
         B, D, V = self.batch_size, self.num_kv_pairs, self.vocab_size
         keys_BD = np.stack([rng.choice(np.arange(1, self.key_end), D, replace=False) for _ in range(B)])
         values_BD = np.stack([rng.choice(np.arange(V // 2, V), D, replace=False) for _ in range(B)])
-        gap_B = np.full(B, self.gap)
+        gap_B = np.full(B, gap)
         if self.far_fraction < 1:
-            gap_B = np.where(rng.random(B) < self.far_fraction, self.gap, 0)
+            gap_B = np.where(rng.random(B) < self.far_fraction, gap, 0)
         offsets_BD = np.stack([self._query_offsets(rng, (L - 2 * D - gap) // 2) for gap in gap_B])
         query_pos_BD = 2 * D + gap_B[:, None] + 2 * offsets_BD
 

@@ -1,7 +1,9 @@
 """Text as packed windows: a corpus (retention/data/corpus.py) tokenised once, in batches (retention/data/encode.py),
 into a cached memmap per split (retention/data/cache.py), EOD after each document; the training windows at random
 offsets or walking epochs (retention/data/sampler.py), the eval windows at random offsets; packed with segment ids
-(retention/data/packing.py).
+(retention/data/packing.py). `min_doc_bytes`: only the documents of at least that many bytes, in both splits
+(retention/data/corpus.py; the `long_text` data config: whole long documents, the eval split's also read one by one,
+named and hashed, by retention/data/documents.py).
 
 `tokenizer="bytes"`: ids 0..255 the UTF-8 bytes, EOD = 256, vocab 257. `tokenizer="bpe"`: a byte-level BPE of
 `vocab_size` ids trained on the training split (retention/data/tokenizer.py), `eod_token` its special token.
@@ -33,9 +35,13 @@ DEFAULT_EXTENSIONS = [".py"]  # of the default corpus, the standard library
 DEFAULT_BPE_VOCAB = 4096
 
 
-def make_source(source, path, extensions, hf_name, hf_data_files, hf_text_field, hf_split, hf_streaming):
-    """The FolderSource or HFSource the arguments name (ValueError naming a bad one)."""
+def make_source(
+    source, path, extensions, hf_name, hf_data_files, hf_text_field, hf_split, hf_streaming, min_doc_bytes=0
+):
+    """The FolderSource or HFSource the arguments name, holding the documents of at least min_doc_bytes bytes
+    (ValueError naming a bad argument)."""
     check_choice("source", source, SOURCES)
+    check_int("min_doc_bytes", min_doc_bytes, low=0)
     if source == "folder":
         if hf_name is not None or hf_data_files is not None:
             raise ValueError(f"hf_name and hf_data_files are for source=hf, got {hf_name!r}, {hf_data_files!r}")
@@ -43,7 +49,7 @@ def make_source(source, path, extensions, hf_name, hf_data_files, hf_text_field,
             path, extensions = default_path(), DEFAULT_EXTENSIONS
         if extensions is not None and not (extensions and all(isinstance(e, str) and e for e in extensions)):
             raise ValueError(f"extensions must be a list of name endings such as ['.py', '.txt'], got {extensions!r}")
-        return FolderSource(default_path() if path is None else path, extensions)
+        return FolderSource(default_path() if path is None else path, extensions, min_doc_bytes)
     if path is not None or extensions is not None:
         raise ValueError(f"path and extensions are for source=folder, got {path!r}, {extensions!r}")
     if not isinstance(hf_name, str) or not hf_name:
@@ -53,7 +59,7 @@ def make_source(source, path, extensions, hf_name, hf_data_files, hf_text_field,
     if not isinstance(hf_split, str) or not hf_split:
         raise ValueError(f"hf_split must name a split of the dataset (e.g. train), got {hf_split!r}")
     check_choice("hf_streaming", hf_streaming, (True, False))
-    return HFSource(hf_name, hf_data_files, hf_text_field, hf_split, hf_streaming)
+    return HFSource(hf_name, hf_data_files, hf_text_field, hf_split, hf_streaming, min_doc_bytes)
 
 
 def check_tokenizer(tokenizer: str, vocab_size, tokenizer_file, eod_token) -> None:
@@ -102,6 +108,7 @@ class Text:
         eod_token: str = EOD_TOKEN,
         sampler: str = "random",
         tokenizer_path: str | None = None,
+        min_doc_bytes: int = 0,
         seed: int = 0,
     ):
         check_int("seq_len", seq_len)
@@ -110,7 +117,7 @@ class Text:
         check_choice("sampler", sampler, SAMPLERS)
         check_tokenizer(tokenizer, vocab_size, tokenizer_file, eod_token)
         self.source = make_source(
-            source, path, extensions, hf_name, hf_data_files, hf_text_field, hf_split, hf_streaming
+            source, path, extensions, hf_name, hf_data_files, hf_text_field, hf_split, hf_streaming, min_doc_bytes
         )
         self.seq_len, self.batch_size, self.seed, self.eval_fraction = seq_len, batch_size, seed, eval_fraction
         self.sampler = sampler
@@ -179,8 +186,9 @@ class Text:
         sizes = {split: len(ids) for split, ids in self.splits.items()}
         if min(sizes.values()) < seq_len + 1:
             raise ValueError(
-                f"{name} must be < the ids in each split of the corpus ({sizes}; a split holds the documents whose "
-                f"name hashes below/above eval_fraction={self.eval_fraction}), got {seq_len}"
+                f"{name} must be < the ids in each split of the corpus ({sizes}; a split holds the documents of at "
+                f"least min_doc_bytes={self.source.min_doc_bytes} bytes whose name hashes below/above "
+                f"eval_fraction={self.eval_fraction}), got {seq_len}"
             )
 
     def batch(self, index: int, *, seq_len: int | None = None, split: str = "train") -> Batch:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from retention.data import IGNORE, Batch
 from retention.nn import LM, LMConfig
@@ -44,24 +44,40 @@ def batch_logits(model: LM, batch: dict[str, jax.Array]) -> Float[Array, "B T V"
     return model(batch["inputs"], segment_ids=batch.get("segment_ids"))
 
 
-def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, "..."]]:
-    """Sums over the labelled positions (targets != IGNORE): nll, correct argmax, labels; over the rows with a
-    label: exact (every label right) and rows; and at each position, over the rows: nll_T and labels_T [T]."""
+def token_scores(
+    logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]
+) -> tuple[Float[Array, "B T"], Bool[Array, "B T"], Bool[Array, "B T"]]:
+    """Per token: (the nll of its target in float32, 0 where IGNORE; whether the argmax is its target, False where
+    IGNORE; whether it is labelled: targets != IGNORE). Scores of consecutive pieces of a sequence, concatenated
+    along T, are the whole sequence's (a decode eval's steps: experiments/compare/evaluate.py)."""
     mask_BT = targets_BT != IGNORE
     logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
     safe_BT = jnp.where(mask_BT, targets_BT, 0)
     nll_BT = -jnp.take_along_axis(logp_BTV, safe_BT[..., None], axis=-1)[..., 0]
     correct_BT = (jnp.argmax(logits_BTV, axis=-1) == targets_BT) & mask_BT
+    return jnp.where(mask_BT, nll_BT, 0.0), correct_BT, mask_BT
+
+
+def masked_sums(logits_BTV: Float[Array, "B T V"], targets_BT: Int[Array, "B T"]) -> dict[str, Float[Array, "..."]]:
+    """Sums over the labelled positions (targets != IGNORE): nll, correct argmax, labels; over the rows with a
+    label: exact (every label right) and rows; and at each position, over the rows: nll_T and labels_T [T]."""
+    return score_sums(*token_scores(logits_BTV, targets_BT))
+
+
+def score_sums(
+    nll_BT: Float[Array, "B T"], correct_BT: Bool[Array, "B T"], mask_BT: Bool[Array, "B T"]
+) -> dict[str, Float[Array, "..."]]:
+    """`masked_sums`' sums from `token_scores` (of one forward, or of a sequence's pieces concatenated along T)."""
     has_label_B = jnp.any(mask_BT, axis=1)
     exact_B = jnp.all(correct_BT | ~mask_BT, axis=1) & has_label_B
     f32 = lambda x: jnp.sum(x, dtype=jnp.float32)
     return {
-        "nll": f32(jnp.where(mask_BT, nll_BT, 0.0)),
+        "nll": f32(nll_BT),
         "correct": f32(correct_BT),
         "labels": f32(mask_BT),
         "exact": f32(exact_B),
         "rows": f32(has_label_B),
-        "nll_T": jnp.sum(jnp.where(mask_BT, nll_BT, 0.0), axis=0, dtype=jnp.float32),
+        "nll_T": jnp.sum(nll_BT, axis=0, dtype=jnp.float32),
         "labels_T": jnp.sum(mask_BT, axis=0, dtype=jnp.float32),
     }
 

@@ -45,3 +45,24 @@ def test_a_length_without_room_for_the_gap_is_refused():
         MQAR(vocab_size=300, seq_len=80, batch_size=2, num_kv_pairs=16, min_gap=17)
     with pytest.raises(ValueError, match="min_gap must be an int >= 0"):
         MQAR(vocab_size=300, seq_len=80, batch_size=2, num_kv_pairs=4, min_gap=-1)
+
+
+def test_a_batchs_min_gap_replaces_the_generators():
+    """A long-context eval's gap (thousands of tokens) on a generator made at its training length: every query of
+    the batch is farther than it, far_fraction's rows take it, and without it the batch is the generator's own."""
+    D, L, gap = 8, 2048, 1001  # an odd gap: rounded up to even
+    data = MQAR(vocab_size=300, seq_len=64, batch_size=8, num_kv_pairs=D, min_gap=20, seed=2)
+    far = data.batch(5, seq_len=L, split="eval", min_gap=gap)
+    dist = query_distances(far, D)
+    assert len(dist) == 8 * D and dist.min() > gap + 1
+    assert (query_distances(data.batch(5, seq_len=L, split="eval"), D) <= gap).any()  # the generator's gap of 20
+    np.testing.assert_array_equal(data.batch(5, seq_len=L, min_gap=20).inputs, data.batch(5, seq_len=L).inputs)
+    mixed = MQAR(vocab_size=300, seq_len=64, batch_size=64, num_kv_pairs=D, far_fraction=0.5, seed=2)
+    near = query_distances(mixed.batch(0, seq_len=L, min_gap=gap), D) <= gap
+    assert 0.2 < near.mean() < 0.8  # about half the rows keep Zoology's layout
+    with pytest.raises(ValueError, match="min_gap must be an int >= 0, got -2"):
+        data.batch(0, seq_len=L, min_gap=-2)
+    with pytest.raises(
+        ValueError, match=r"seq_len must be even and >= 4 \* num_kv_pairs \+ min_gap .* \(2048\) = 2080"
+    ):
+        data.batch(0, seq_len=L, min_gap=2047)

@@ -8,6 +8,7 @@ import math
 import shlex
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -261,9 +262,11 @@ def test_decode_eval_with_a_float_cache_equals_the_forward(tiny):
     inputs, targets = jnp.asarray(b.inputs), jnp.asarray(b.targets)
     full = _forward_sums(nnx.graphdef(model), params, inputs, targets)
     stepped = decode_sums(model, inputs, targets, chunk=16)
-    assert set(stepped) == set(SCALAR_SUMS)
+    assert set(stepped) == set(full)  # the per-position sums too
     for key in SCALAR_SUMS:
         assert float(stepped[key]) == pytest.approx(float(full[key]), rel=1e-5), key
+    np.testing.assert_allclose(stepped["nll_T"], full["nll_T"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(stepped["labels_T"], full["labels_T"])
 
 
 @pytest.mark.xdist_group("tiny_comparison")  # one worker runs the `tiny` fixture, once

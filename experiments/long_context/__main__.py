@@ -1,0 +1,99 @@
+"""The command line of experiments/long_context (see its __init__): `text` or `recall` over run folders.
+
+python -m experiments.long_context text outputs/long_text/softmax/<date> outputs/long_text/power/<date>
+python -m experiments.long_context text RUN --length 4096 --docs 2 --out /tmp/lc/text.json     # a smoke run
+python -m experiments.long_context recall RUN ... --lengths 4096 16384 65536 --queries 512
+"""
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from experiments.compare.runs import write_json
+from experiments.long_context.models import ROPE_SCALINGS
+from experiments.long_context.reader import PATHS, SEGMENT
+from experiments.long_context.report import recall_figure, recall_markdown, text_figure, text_markdown
+from experiments.long_context.run import recall_result, text_result
+from retention.validation import check_int, check_number
+
+LONG = 65536
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    text = kinds.add_parser("text", help="loss by position on whole long documents")
+    text.add_argument("runs", nargs="+", help="text run folders (or exports)")
+    text.add_argument("--length", type=int, default=LONG, help="tokens read from each document's start")
+    text.add_argument("--docs", type=int, default=None, help="at most this many documents (default: all)")
+    text.add_argument("--out", default="results/long_context/text.json")
+    recall = kinds.add_parser("recall", help="MQAR and passkey recall at long lengths")
+    recall.add_argument("runs", nargs="+", help="MQAR and passkey run folders (or exports)")
+    recall.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, LONG])
+    recall.add_argument("--queries", type=int, default=512, help="at least this many queries a model and length")
+    recall.add_argument("--gap-fraction", type=float, default=0.5, help="MQAR: pairs-to-queries gap, a share of L")
+    recall.add_argument("--batch-tokens", type=int, default=LONG, help="tokens a batch (at least one row)")
+    recall.add_argument("--out", default="results/long_context/recall.json")
+    for sub in (text, recall):
+        sub.add_argument("--rope", nargs="*", choices=ROPE_SCALINGS, default=["llama3"], help="RoPE scaling rows")
+        sub.add_argument("--path", choices=PATHS, default="auto", help="forward, carry, or auto (forward if it fits)")
+        sub.add_argument("--segment", type=int, default=SEGMENT, help="tokens a decode step on the carry path")
+        sub.add_argument("--max-gib", type=float, default=32.0, help="auto: carry when the forward needs more")
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> dict:
+    """The options of the evaluation, each checked (a ValueError names the flag) before any run is read."""
+    for folder in args.runs:
+        if not os.path.isdir(folder):
+            raise ValueError(f"runs must be run or export folders, got {folder!r} (not a folder)")
+    check_int("--segment", args.segment)
+    check_number("--max-gib", args.max_gib, low=0, open_low=True)
+    options = {"rope": tuple(args.rope), "path": args.path, "segment": args.segment, "max_bytes": args.max_gib * 2**30}
+    if args.kind == "text":
+        check_int("--length", args.length)
+        if args.docs is not None:
+            check_int("--docs", args.docs)
+        return {**options, "length": args.length, "docs": args.docs}
+    for L in args.lengths:
+        check_int("--lengths[i]", L, low=2)
+    check_int("--queries", args.queries)
+    check_number("--gap-fraction", args.gap_fraction, low=0, high=1, open_high=True)
+    check_int("--batch-tokens", args.batch_tokens)
+    return {
+        **options,
+        "lengths": sorted(set(args.lengths)),
+        "queries": args.queries,
+        "gap_fraction": args.gap_fraction,
+        "batch_tokens": args.batch_tokens,
+    }
+
+
+def write_result(result: dict, out: Path, kind: str) -> str:
+    """Write the result's JSON at `out` (non-finite numbers as null), its figure (.png) and Markdown page (.md)
+    beside it; returns the page."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    clean = json.loads(out.read_text())  # as written
+    if kind == "text":
+        page = text_markdown(clean, text_figure(clean, out.with_suffix(".png")))
+    else:
+        page = recall_markdown(clean, recall_figure(clean, out.with_suffix(".png")))
+    out.with_suffix(".md").write_text(page)
+    return page
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    options = check_args(args)
+    command = shlex.join(["python", "-m", "experiments.long_context", *(sys.argv[1:] if argv is None else argv)])
+    evaluate = text_result if args.kind == "text" else recall_result
+    result = evaluate(args.runs, options, command)
+    print(write_result(result, Path(args.out), args.kind))
+
+
+if __name__ == "__main__":
+    main()

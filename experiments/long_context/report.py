@@ -1,0 +1,131 @@
+"""The long-context results as figures and Markdown: the loss by position (one colour per model, a line style per
+RoPE reading) and recall against length, each with its table and the recipe of its numbers."""
+
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from experiments.formatting import human_bytes, md_table, tokens
+from experiments.long_context.models import AS_TRAINED
+from experiments.plotting import color, log_ticks, save
+
+STYLES = {AS_TRAINED: "-", "linear": "--", "llama3": ":"}  # a line style per RoPE reading
+TABLE_BUCKETS = 5  # the text table's last position buckets
+
+
+def _bytes(n) -> str:
+    return "" if n is None else human_bytes(n)
+
+
+def _cost(row: dict) -> list[str]:
+    """A row's reading cost: path, seconds, the forward's bytes (XLA), the caches at L."""
+    path = row["path"] if row["path"] == "forward" else f"carry ({tokens(row['segment'])} a step)"
+    return [path, f"{row['seconds']:.1f}", _bytes(row["forward_bytes"]), _bytes(row["cache_bytes"])]
+
+
+def position_ticks(length: int) -> list[int]:
+    """Ticks for a position axis up to `length`: 1, 16, 256, ... (powers of 16) and `length`."""
+    ticks = [16**i for i in range(8) if 16**i < length]
+    return [*ticks, length]
+
+
+def text_figure(result: dict, path: Path) -> str:
+    """Held-out bits per byte against position (each bucket at its upper edge), one colour per model, a dotted
+    grey line at each training length; returns the file name."""
+    fig = Figure(figsize=(7.5, 4.6))
+    ax = fig.subplots()
+    for i, row in enumerate(result["models"]):
+        points = [(b["hi"], b["bits_per_byte"]) for b in row["buckets"] if b["bits_per_byte"] is not None]
+        style = STYLES[row["rope"]]
+        ax.plot(*zip(*points), style, color=color(row["name"]) or f"C{i}", marker="o", ms=3, label=row["label"])
+    for T in sorted({row["trained_length"] for row in result["models"]}):
+        ax.axvline(T, color="gray", ls=":", lw=0.8)
+    log_ticks(ax, position_ticks(result["length"]))
+    ax.set_xlabel("position in the document (tokens; bucket [lo, hi) drawn at hi; dotted: training length)")
+    ax.set_ylabel("held-out loss (bits per byte)")
+    ax.set_title(f"Loss by position, {result['documents']['count']} documents read whole to {tokens(result['length'])}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def text_markdown(result: dict, figure: str) -> str:
+    """The text result's page: the table (bits per byte over all positions and in the last buckets, and the cost),
+    the figure, the documents and the rule that chose them."""
+    buckets = result["models"][0]["buckets"][-TABLE_BUCKETS:]
+    names = [f"[{tokens(b['lo'])}, {tokens(b['hi'])})" for b in buckets]
+    header = ["model", "trained at", "bpb, all", *names, "path", "seconds", "forward bytes", "cache at L"]
+    rows = []
+    for row in result["models"]:
+        tail = {(b["lo"], b["hi"]): b["bits_per_byte"] for b in row["buckets"]}
+        cells = [f"{tail[b['lo'], b['hi']]:.3f}" for b in buckets]
+        rows.append([row["label"], tokens(row["trained_length"]), f"{row['bits_per_byte']:.3f}", *cells, *_cost(row)])
+    docs = result["documents"]
+    listing = "\n".join(f"- `{d['name']}` ({d['bytes']:,} bytes, sha256 `{d['sha256']}`)" for d in docs["chosen"])
+    rule = ", ".join(f"{k}: {v}" for k, v in docs["rule"].items())
+    return (
+        f"# Loss by position at {tokens(result['length'])}\n\n`{result['command']}` ({result['machine']['device']}, "
+        f"{result['machine']['date']}). Held-out bits per byte of each model over {docs['count']} documents, each "
+        f"read as one sequence of {result['length']:,} tokens from its start; the columns after the first are "
+        "position buckets [lo, hi). `path`: one compiled forward, or a prefill and decode steps carrying the "
+        "caches; `forward bytes`: XLA's estimate of the compiled forward; `cache at L`: the decode caches at L "
+        f"(one row).\n\n{md_table(header, rows)}\n\n![loss by position]({figure})\n\n## Documents\n\nRule: {rule}."
+        f"\n\n{listing}\n"
+    )
+
+
+def recall_figure(result: dict, path: Path) -> str:
+    """Recall against length, one panel per task (MQAR accuracy, passkey exact match), one colour per model;
+    returns the file name."""
+    tasks = [t for t in ("mqar", "passkey") if any(row["task"] == t for row in result["models"])]
+    fig = Figure(figsize=(6 * len(tasks), 4.2))
+    axes = fig.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks):
+        metric = "accuracy" if task == "mqar" else "exact_match"
+        for i, row in enumerate(r for r in result["models"] if r["task"] == task):
+            points = sorted((int(L), v[metric]) for L, v in row["lengths"].items())
+            style = STYLES[row["rope"]]
+            ax.plot(*zip(*points), style, color=color(row["name"]) or f"C{i}", marker="o", label=row["label"])
+        log_ticks(ax, result["lengths"])
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("sequence length (tokens)")
+        if task == "mqar":
+            ax.set_ylabel(f"accuracy (share of queries; gap {result['gap_fraction']:g} L)")
+            ax.set_title(f"MQAR: at least {result['queries']} queries a length")
+        else:
+            ax.set_ylabel("exact match (share of passkeys, all five digits)")
+            ax.set_title(f"passkey: at least {result['queries']} passkeys a length")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+def recall_markdown(result: dict, figure: str) -> str:
+    """The recall result's page: per task a table of the metric at each length with the queries read, and the
+    cost at the longest."""
+    parts = [
+        f"# Recall at long context\n\n`{result['command']}` ({result['machine']['device']}, "
+        f"{result['machine']['date']}). MQAR: accuracy over at least {result['queries']} queries a length, every "
+        f"query more than {result['gap_fraction']:g} L tokens after its key; passkey: exact match (all five digits) "
+        f"over at least {result['queries']} passkeys a length, spread over the run's depths. Cells: the metric "
+        "(queries read); the cost is that of the longest length.\n"
+    ]
+    for task, metric in (("mqar", "accuracy"), ("passkey", "exact_match")):
+        rows = [r for r in result["models"] if r["task"] == task]
+        if not rows:
+            continue
+        L_max = str(max(result["lengths"]))
+        header = ["model", "trained at", *(tokens(L) for L in result["lengths"]), "path", "seconds", "forward", "cache"]
+        table = []
+        for row in rows:
+            cells = [
+                f"{row['lengths'][str(L)][metric]:.3f} ({row['lengths'][str(L)]['queries']})"
+                if str(L) in row["lengths"]
+                else ""
+                for L in result["lengths"]
+            ]
+            cost = _cost(row["lengths"][L_max]) if L_max in row["lengths"] else [""] * 4
+            table.append([row["label"], tokens(row["trained_length"]), *cells, *cost])
+        parts.append(f"## {task} ({metric.replace('_', ' ')})\n\n{md_table(header, table)}\n")
+    parts.append(f"![recall]({figure})\n")
+    return "\n".join(parts)
