@@ -662,4 +662,37 @@ DEMO = Preset(
     peak_flops=3.24e11,
 )
 
-PRESETS = {p.name: p for p in (CPU, BUDGET, RECIPES, GPU_SMALL, GPU, SMOKE, DEMO)}
+# Quality at 64k (issue 39): every compared mixer trained on whole long documents (data=long_text: the standard
+# library's files of 64 KiB or more, bytes, the eval split's 25 files never trained on) at T = 2048 for about one
+# epoch of the training split (600 steps of 8 x 2048 = 9.8M of its 11.3M tokens), then read from each eval
+# document's start to 65,536 tokens by `python -m experiments.long_context text <its runs' folders>` (loss by
+# position). The cpu preset's model; each mixer's recipe (docs/DESIGN.md section 3). Not yet run: at the 2-core
+# machine's 1.3-1.5k tokens/s for a 0.8M-parameter model at T = 2048 (PERF_LOG) a run of this 0.1M one takes
+# tens of minutes, the preset many hours; it is sized for a lent GPU or several resumed calls.
+LONG_TEXT = (
+    "data.seq_len=2048",
+    "data.batch_size=8",
+    "optim.warmup_steps=50",
+    "trainer.steps=600",
+    "trainer.log_every=25",
+    "trainer.eval_every=100",
+    "trainer.eval_batches=2",
+    "trainer.eval_scales=[1]",  # the long read is experiments.long_context's, from whole documents
+    *QUALITY_TRAINER,
+)
+LONG_ENTRIES = {
+    **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power", "hybrid")},
+    **{k: ablation_entries()[k] for k in ("power_deg4", "hybrid_3to1")},
+    **FIXED_STATE_ENTRIES,
+}
+LONG = Preset(
+    name="long",
+    model=CPU.model,
+    entries=LONG_ENTRIES,
+    headline=tuple(LONG_ENTRIES),
+    tasks={"text_long": Task("long_text", LONG_TEXT, lrs=(3e-3, 1e-2), seeds=(0, 1, 2), test_scales=(1,))},
+    speed=None,
+    peak_flops=CPU.peak_flops,
+)
+
+PRESETS = {p.name: p for p in (CPU, BUDGET, RECIPES, LONG, GPU_SMALL, GPU, SMOKE, DEMO)}
