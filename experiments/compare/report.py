@@ -55,7 +55,8 @@ def headline_section(speed: dict | None, res: Results | None) -> list[str]:
     if not speed:
         first = next(iter(res.tasks))
         kinds = {m: res.layer_kinds(first, m) for m in models}
-    header, cells = ["model (layers)"], {m: [label(m, kinds.get(m, "?"))] for m in models}
+    named = {m: res.layers(next(iter(res.tasks)), m) for m in models} if res else {}  # with each kind's recipe
+    header, cells = ["model (layers)"], {m: [label(m, named.get(m) or kinds.get(m, "?"))] for m in models}
     if speed:
         out = speed["results"]
         T = max(r["T"] for r in out["softmax"]["train"])

@@ -21,7 +21,7 @@ def ablation_section(res: Results, task: str | None) -> list[str]:
     rows = []
     for entry in res.roles["ablations"]:
         base = res.entries[entry]["base"]
-        row = [entry, res.entries[entry]["change"], label(base, res.layer_kinds(task, base))]
+        row = [entry, res.entries[entry]["change"], label(base, res.layers(task, base))]
         for L in lengths:
             b, a = res.cell(task, base, L), res.cell(task, entry, L)
             delta = f"{a.mean - b.mean:+.3f}" if a.n and b.n else "-"
@@ -90,7 +90,7 @@ def fixed_state_verdicts(res: Results, task: str, lengths: list[int]) -> list[st
             *([f"pending at {_lengths(pending)}"] if pending else []),
         ]
         state = human_bytes(next(iter(sizes.values())))
-        out.append(f"- {label(entry, res.layer_kinds(task, entry))}, {state} at every length: " + "; ".join(parts))
+        out.append(f"- {label(entry, res.layers(task, entry))}, {state} at every length: " + "; ".join(parts))
     return out
 
 
@@ -123,13 +123,13 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
         for entry in entries:
             cells = [res.cell(task, entry, L) for L in lengths]
             sizes = [state_bytes(res, task, entry, L) for L in lengths]
-            row = [label(entry, res.layer_kinds(task, entry)), human_bytes(sizes[0]), human_bytes(sizes[-1])]
+            row = [label(entry, res.layers(task, entry)), human_bytes(sizes[0]), human_bytes(sizes[-1])]
             rows.append(row + [c.text() for c in cells])
             drawn = [(b, c) for b, c in zip(sizes, cells) if c.n]
             if drawn:
                 xs, ys = [b for b, _ in drawn], [c.mean for _, c in drawn]
                 err = [[c.below for _, c in drawn], [c.above for _, c in drawn]]
-                name = label(entry, res.layer_kinds(task, entry))
+                name = label(entry, res.layers(task, entry))
                 ax.errorbar(xs, ys, yerr=err, fmt="o", ms=3, lw=1, capsize=2, **line_style(entry), label=name)
         if t["num_kv_pairs"]:
             ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")

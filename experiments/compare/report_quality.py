@@ -57,7 +57,7 @@ def task_section(res: Results, task: str, figdir: Path, rel: str) -> list[str]:
         params = f"{summary['params']:,}" if summary else "?"
         cells = [res.cell(task, entry, L).text() for L in lengths]
         best = lr_text(res.best_lr(task, entry))
-        rows.append([label(entry, res.layer_kinds(task, entry)), params, best, stop_text(res, task, entry), *cells])
+        rows.append([label(entry, res.layers(task, entry)), params, best, stop_text(res, task, entry), *cells])
     some = next((r["test"][str(lengths[0])] for r in res.quality["runs"] if r["task"] == task and r["test"]), {})
     name = metric.label(some)
     header = ["model (layers)", "params", "best lr", "steps (converged)", *(f"@{tokens(L)}" for L in lengths)]
@@ -83,8 +83,8 @@ def task_figure(res: Results, task: str, lengths: list[int], name: str) -> Figur
         if cells:
             xs, mid = [L for L, _ in cells], [c.mean for _, c in cells]
             err = [[c.below for _, c in cells], [c.above for _, c in cells]]
-            kinds = res.layer_kinds(task, entry)
-            ax.errorbar(xs, mid, yerr=err, fmt="o", capsize=3, **line_style(entry), label=label(entry, kinds))
+            name = label(entry, res.layers(task, entry))
+            ax.errorbar(xs, mid, yerr=err, fmt="o", capsize=3, **line_style(entry), label=name)
     if t["num_kv_pairs"]:
         ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
         ax.axhline(2 / t["vocab_size"], color="k", ls=":", lw=1, label=f"chance (1 of {t['vocab_size'] // 2} values)")
@@ -154,7 +154,7 @@ def position_section(res: Results, figdir: Path, rel: str) -> list[str]:
         fig = Figure(figsize=(6.5, 4.2))
         ax = fig.subplots()
         for entry, (L, buckets) in curves.items():
-            name = label(entry, res.layer_kinds(task, entry)) + f" at {tokens(L)}"
+            name = label(entry, res.layers(task, entry)) + f" at {tokens(L)}"
             ax.plot([p + 1 for p in buckets], list(buckets.values()), marker="o", **line_style(entry), label=name)
         ax.axvline(t["seq_len"], color="gray", ls="--", lw=1, label=f"training length {t['seq_len']}")
         ax.set(xscale="log", xlabel="position (tokens, bucket start + 1)", ylabel="mean loss in the bucket")
@@ -238,7 +238,7 @@ def _draw_curves(res: Results, task: str, runs: dict[str, dict], axes: dict) -> 
     tokens_per_step = res.tasks[task]["tokens_per_run"] / max(1, _steps(res, task))
     metric = "metric"
     for entry, run in runs.items():
-        name, summary, curve = label(entry, res.layer_kinds(task, entry)), run["summary"], run.get("train_curve")
+        name, summary, curve = label(entry, res.layers(task, entry)), run["summary"], run.get("train_curve")
         style = dict(**line_style(entry), label=name)
         if "held-out" in axes and summary.get("eval_curve"):
             steps, values = zip(*summary["eval_curve"])

@@ -3,11 +3,14 @@ values at each length, their mean and range, and what a cell says when a run is 
 report's tables and plots read only this.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from experiments.compare.protocol import best_lr, mean_range
 from experiments.compare.runs import METRICS, selection_value
+from retention.nn.config import LMConfig
+from retention.nn.registry import MIXERS
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,14 @@ class Results:
         s = self.summary(task, entry)
         return s["layer_kinds"] if s else "?"
 
+    def layers(self, task: str, entry: str) -> str:
+        """The entry's layers and their recipe as the report names a model: "PA, P: no RoPE, degree 2 / A: RoPE"
+        (`recipe_text` of a finished run's resolved model), or the layers alone where no run kept its model."""
+        runs = [r for (t, e, _, _), r in self.runs.items() if (t, e) == (task, self.trained(entry)) and r["summary"]]
+        kinds = runs[0]["summary"]["layer_kinds"] if runs else "?"
+        model = next((r["model"] for r in runs if r.get("model")), None)
+        return f"{kinds}, {recipe_text(model, kinds)}" if model else kinds
+
     def evaluated_once(self, task: str) -> bool:
         """Whether every finished run of `task` that kept its held-out curve (summary.eval_curve) was evaluated at
         most once: a smoke test's budget, too short to show learning, which the report tables but does not draw.
@@ -136,3 +147,32 @@ class Results:
     def frontier_tasks(self) -> list[str]:
         """The tasks the frontier is read on, one per training length."""
         return self.roles.get("frontier_tasks", [])
+
+
+def recipe_text(model: dict, kinds: str) -> str:
+    """Each kind's recipe fields (the registry's `recipe`) in a run's resolved model section, as its layers are built
+    (`LMConfig.for_kind`): "no RoPE, degree 2" for one kind, "P: no RoPE, degree 2 / A: RoPE" for several.
+
+    Args:
+        model: a run's resolved model section (quality.json's run `model`).
+        kinds: the layer letters of the model (each kind named once, in order).
+
+    Returns:
+        The kinds' recipes, joined by " / ".
+    """
+    fields = {f.name for f in dataclasses.fields(LMConfig)}
+    settings = {"layers": {}, **{k: v for k, v in model.items() if k in fields and k != "vocab_size"}}
+    config = LMConfig(**settings, vocab_size=256)  # a section without `layers` put every layer on the globals
+    parts = []
+    for letter in dict.fromkeys(kinds):
+        kind = config.for_kind(letter)
+        words = [RECIPE_WORDS[name](getattr(kind, name)) for name in MIXERS[letter].recipe]
+        parts.append(f"{letter}: {', '.join(words)}" if len(set(kinds)) > 1 else ", ".join(words))
+    return " / ".join(parts)
+
+
+RECIPE_WORDS = {  # how a recipe field's value reads in a report
+    "rope_base": lambda base: "no RoPE" if base is None else "RoPE",
+    "deg": lambda deg: f"degree {deg}",
+    "decay_init": lambda init: f"{init} decay init",
+}

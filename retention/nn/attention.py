@@ -226,6 +226,7 @@ FULL_ATTENTION = MixerKind(
     _cache_bytes(False),
     fixed_state=False,
     step_bounded=False,
+    recipe=("rope_base",),
 )
 SLIDING_WINDOW = MixerKind(
     "sliding-window attention",
@@ -236,4 +237,5 @@ SLIDING_WINDOW = MixerKind(
     _cache_bytes(True),
     fixed_state=True,
     step_bounded=True,
+    recipe=("rope_base",),
 )

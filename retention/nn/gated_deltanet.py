@@ -168,4 +168,5 @@ GATED_DELTANET = MixerKind(
     matrix_cache_bytes,
     fixed_state=True,
     step_bounded=False,
+    recipe=("decay_init",),
 )

@@ -169,4 +169,5 @@ GLA = MixerKind(
     matrix_cache_bytes,
     fixed_state=True,
     step_bounded=False,
+    recipe=("decay_init",),
 )

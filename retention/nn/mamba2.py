@@ -234,5 +234,13 @@ def _cache_bytes(config, batch: int, max_len: int, step_tokens: int = 1) -> int:
 
 
 MAMBA2 = MixerKind(
-    "Mamba2", _build, _params, _matmul_params, _mixing_flops, _cache_bytes, fixed_state=True, step_bounded=False
+    "Mamba2",
+    _build,
+    _params,
+    _matmul_params,
+    _mixing_flops,
+    _cache_bytes,
+    fixed_state=True,
+    step_bounded=False,
+    recipe=("decay_init",),
 )

@@ -15,7 +15,9 @@ class MixerKind(NamedTuple):
     step_tokens): bytes of its `init_cache(batch, max_len, config.dtype, step_tokens=...)`; fixed_state: whether
     that is the same at every max_len (a recurrent state, a window's ring buffer) or grows with it (a KV cache of
     max_len slots: a decode step needs room in it); step_bounded: whether a decode step may feed at most the cache's
-    step_tokens tokens (a ring buffer of window + step_tokens - 1 slots) rather than any number."""
+    step_tokens tokens (a ring buffer of window + step_tokens - 1 slots) rather than any number; recipe: the
+    LMConfig fields of its recipe (docs/DESIGN.md section 3, the recipe table: positional encoding, decay init), what
+    a report names beside the model (experiments/compare/results.py)."""
 
     name: str
     build: Callable
@@ -25,3 +27,4 @@ class MixerKind(NamedTuple):
     cache_bytes: Callable[..., int]
     fixed_state: bool
     step_bounded: bool
+    recipe: tuple[str, ...]

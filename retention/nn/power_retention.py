@@ -211,4 +211,5 @@ POWER_RETENTION = MixerKind(
     _cache_bytes,
     fixed_state=True,
     step_bounded=False,
+    recipe=("rope_base", "deg"),
 )

@@ -12,7 +12,7 @@ import pytest
 
 from experiments.compare.report import write_report
 from experiments.compare.report_frontier import fixed_state_verdicts
-from experiments.compare.results import Cell, Results
+from experiments.compare.results import Cell, Results, recipe_text
 
 pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
 
@@ -339,3 +339,19 @@ def test_a_task_evaluated_once_is_tabled_not_drawn(tmp_path, figures):
     assert "### smoke: test accuracy" in text and "No plots of smoke (here, by position or in the training" in text
     assert "quality_smoke.png" not in figures and (tmp_path / "quality_mqar.png").exists()
     assert not any("smoke" in ax.get_title() for ax in figures["curves.png"].axes)
+
+
+def test_a_model_is_named_with_each_kinds_recipe_as_its_layers_are_built():
+    """The recipe beside a model's layers is read per kind through LMConfig.for_kind from the run's resolved model:
+    a per-layer setting wins over the global one, and each kind names only the fields its registry entry lists."""
+    model = {"pattern": "PA", "n_layers": 2, "rope_base": 10000.0, "deg": 4, "decay_init": "paper"}
+    hybrid = {**model, "layers": {"P": {"rope_base": None}}}
+    assert recipe_text(hybrid, "PA") == "P: no RoPE, degree 4 / A: RoPE"
+    assert recipe_text(model, "PA") == "P: RoPE, degree 4 / A: RoPE"
+    assert recipe_text({**model, "pattern": "D", "layers": {"D": {"decay_init": "long"}}}, "DD") == "long decay init"
+    assert recipe_text({**model, "pattern": "M"}, "MM") == "paper decay init"
+    run = {"task": "t", "entry": "power", "lr": 0.01, "seed": 0, "summary": {"layer_kinds": "PP"}}
+    quality = {"tasks": {}, "entries": {"power": {"kv_cache_bits": None}}, "roles": {}}
+    assert Results({**quality, "runs": [run]}).layers("t", "power") == "PP"  # no resolved model kept: kinds alone
+    kept = Results({**quality, "runs": [{**run, "model": {**hybrid, "pattern": "P"}}]})
+    assert kept.layers("t", "power") == "PP, no RoPE, degree 4"
