@@ -1,7 +1,11 @@
 """The test evaluation of a finished run: its metrics at each test length on draws the learning-rate choice never
-saw (eval-split batches from TEST_OFFSET on), through the full forward or, for a quantized-cache entry, through
-prefill and decode steps against that cache. A length whose compiled eval needs more memory than the preset
-allows (XLA's memory analysis of the compiled program) or that the preset leaves out is marked, not run.
+saw (eval-split batches from TEST_OFFSET on). The task's multiples of the training length run through the full
+forward; a long length through a prefill and decode steps of `long_chunk` tokens that carry every layer's cache
+(memory bounded by the chunk), drawing batches until it has read the task's `long_min_queries` labelled targets;
+a quantized-cache entry through decode steps against that cache, and a quantized-state entry token by token with
+every recurrent state re-quantized after every token (`round_trip_states`, as `generate(..., state_format=...)`).
+A length whose compiled eval needs more memory than the preset allows (XLA's memory analysis of the compiled
+program) or that the preset leaves out is marked, not run.
 """
 
 import dataclasses
@@ -16,14 +20,15 @@ from experiments.compare.protocol import Run
 from experiments.compare.runs import SUMMARY, eval_sums, load_params, read_json
 from experiments.formatting import human_bytes
 from retention.nn import LM
+from retention.serve.quantized_state import QuantizedArray, quantize_caches, round_trip_states
 from retention.train.config import Config, make_dataset, make_lm_config
 from retention.train.evaluate import bits_per_byte, target_bytes
-from retention.train.step import SCALAR_SUMS, masked_sums, ratios
+from retention.train.step import masked_sums, ratios
 
 
 def test_lengths(preset: Preset, run: Run, seq_len: int) -> list[int]:
     """The run's test lengths: the task's multiples of its training length, then its long lengths beyond them
-    (a quantized-cache entry: the multiples only, where the frontier is read)."""
+    (a quantized-cache or quantized-state entry: the multiples only, where the frontier is read)."""
     spec = preset.tasks[run.task]
     lengths = [s * seq_len for s in spec.test_scales]
     if preset.entries[run.entry].trained:
@@ -35,48 +40,139 @@ def _add(total, sums):
     return sums if total is None else jax.tree.map(jnp.add, total, sums)
 
 
+def _row_sums(logits_BnV, targets_Bn) -> dict:
+    """`masked_sums` of each row of one step: nll, correct and labels, each [B] (a row's exact match is known
+    only once all its steps are summed: `_whole_rows`)."""
+    per_row = jax.vmap(lambda logits_nV, targets_n: masked_sums(logits_nV[None], targets_n[None]))
+    return {k: v for k, v in per_row(logits_BnV, targets_Bn).items() if k in ("nll", "correct", "labels")}
+
+
+def _whole_rows(sums: dict) -> dict:
+    """The scalar sums (SCALAR_SUMS) from each row's sums over all its steps: a row with a label is exact when
+    every label is right."""
+    has_label_B = sums["labels"] > 0
+    exact_B = has_label_B & (sums["correct"] == sums["labels"])
+    f32 = lambda x: jnp.sum(x, dtype=jnp.float32)
+    out = {k: f32(sums[k]) for k in ("nll", "correct", "labels")}
+    return {**out, "exact": f32(exact_B), "rows": f32(has_label_B)}
+
+
 @partial(jax.jit, static_argnames=("graphdef",))
 def _forward_sums(graphdef, params, inputs_BT, targets_BT):
     return eval_sums(nnx.merge(graphdef, params), inputs_BT, targets_BT)
 
 
-def decode_sums(model: LM, inputs_BT, targets_BT, chunk: int) -> dict:
-    """Masked sums of a batch run as a prefill of its first `chunk` tokens then decode steps of `chunk` tokens, so
-    every later token reads the model's decode caches (a quantized KV cache, when the model has one)."""
-    L = inputs_BT.shape[1]
+@partial(jax.jit, static_argnames=("graphdef", "chunk", "state_format"))
+def _decode_sums(graphdef, params, inputs_BT, targets_BT, *, chunk: int, state_format):
+    """`decode_sums` in one compiled program: the prefill, then a scan of the full decode steps, then a last
+    shorter step when `chunk` does not divide the rest; each row's sums carried to the end."""
+    model = nnx.merge(graphdef, params)
+    B, L = inputs_BT.shape
     chunk = min(chunk, L)
+    requantize = (lambda c: c) if state_format is None else (lambda c: round_trip_states(c, state_format))
     logits, caches = model.prefill(inputs_BT[:, :chunk], L, step_tokens=chunk)
-    sums = jax.jit(lambda *a: {k: v for k, v in masked_sums(*a).items() if k in SCALAR_SUMS})  # no per-position sums
-    total = sums(logits, targets_BT[:, :chunk])
-    for t in range(chunk, L, chunk):
-        logits, caches = model.decode_step(inputs_BT[:, t : t + chunk], caches)
-        total = _add(total, sums(logits, targets_BT[:, t : t + chunk]))
-    return total
+    total = _row_sums(logits, targets_BT[:, :chunk])
+
+    def step(carry, xy_2Bc):
+        caches, total = carry
+        logits, caches = model.decode_step(xy_2Bc[0], requantize(caches))
+        return (caches, _add(total, _row_sums(logits, xy_2Bc[1]))), None
+
+    steps = (L - chunk) // chunk
+    end = chunk + steps * chunk
+    to_steps = lambda x_BT: x_BT[:, chunk:end].reshape(B, steps, chunk).swapaxes(0, 1)  # [steps, B, chunk]
+    xy_N2Bc = jnp.stack([to_steps(inputs_BT), to_steps(targets_BT)], axis=1)
+    (caches, total), _ = jax.lax.scan(step, (caches, total), xy_N2Bc)
+    if end < L:
+        (_, total), _ = step((caches, total), jnp.stack([inputs_BT[:, end:], targets_BT[:, end:]]))
+    return _whole_rows(total)
+
+
+def decode_sums(model: LM, inputs_BT, targets_BT, chunk: int, state_format=None) -> dict:
+    """Masked sums of a batch run as a prefill of its first `chunk` tokens then decode steps of `chunk` tokens,
+    each reading the caches the one before left (a quantized KV cache, when the model has one), so memory is that
+    of one chunk (and the caches), not of the whole length.
+
+    Args:
+        model: the LM.
+        inputs_BT: token ids [B, L].
+        targets_BT: targets [B, L] (IGNORE where unlabelled).
+        chunk: tokens per step (the last step may be shorter).
+        state_format: None, or one of retention.serve's STATE_FORMATS: every recurrent state re-quantized per row
+            (`round_trip_states`) after the prefill and after every step, as `generate(..., state_format=...)`
+            does; with chunk 1, after every token.
+
+    Returns:
+        The scalar masked sums (retention.train.step.SCALAR_SUMS) over the batch.
+    """
+    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+        raise ValueError(f"chunk must be an int >= 1 (tokens per decode step), got {chunk!r}")
+    graphdef, params = nnx.split(model)
+    return _decode_sums(graphdef, params, inputs_BT, targets_BT, chunk=chunk, state_format=state_format)
+
+
+def check_quantized_states(entry: str, model: LM, state_format) -> None:
+    """Refuse a quantized-state eval of a model with no recurrent state that `quantize_caches` stores quantized
+    (only P, D, G and M layers have one): it would be the float eval under another name.
+
+    Args:
+        entry: the entry's name (for the message).
+        model: its base's LM.
+        state_format: one of retention.serve's STATE_FORMATS.
+
+    Raises:
+        ValueError: naming the entry, the format and the model's layers, when no state would be quantized.
+    """
+    is_quantized = lambda x: isinstance(x, QuantizedArray)
+    caches = jax.eval_shape(lambda: quantize_caches(model.init_caches(1, 1), state_format))
+    if not any(is_quantized(x) for x in jax.tree.leaves(caches, is_leaf=is_quantized)):
+        kinds = "".join(model.config.layer_kinds)
+        raise ValueError(
+            f"entry {entry!r} has state_format={state_format!r}, but its model's layers ({kinds}) hold no "
+            "recurrent state to quantize (P, D, G and M layers do)"
+        )
+
+
+def _compile(preset: Preset, run: Run, graphdef, params, tokens, long: bool):
+    """The run's eval program at one length, compiled for `tokens`' shape: (params, inputs, targets) -> sums."""
+    entry, spec = preset.entries[run.entry], preset.tasks[run.task]
+    if entry.trained and not long:
+        return _forward_sums.lower(graphdef, params, tokens, tokens).compile()
+    if entry.state_format is not None:  # token by token: re-quantized after every token
+        check_quantized_states(run.entry, nnx.merge(graphdef, params), entry.state_code)
+        options = {"chunk": 1, "state_format": entry.state_code}
+    else:
+        options = {"chunk": spec.long_chunk if entry.trained else spec.decode_chunk, "state_format": None}
+    return _decode_sums.lower(graphdef, params, tokens, tokens, **options).compile()
 
 
 def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: int) -> dict:
-    """The metrics at length L over the task's test batches, or {"skipped": why}."""
+    """The metrics at length L over the task's test batches (at a long length, as many more as its
+    `long_min_queries` asks), or {"skipped": why}."""
     spec = preset.tasks[run.task]
-    if L > max(spec.test_scales) * cfg.data.seq_len and run.entry in preset.long_eval_skip:
+    long = L > max(spec.test_scales) * cfg.data.seq_len
+    if long and run.entry in preset.long_eval_skip:
         return {"skipped": f"not run: {preset.long_eval_skip[run.entry]}"}
     batch = max(1, spec.test_tokens // L)
     data = make_dataset(dataclasses.replace(cfg.data, batch_size=batch), cfg.seed)
-    batches = [data.batch(TEST_OFFSET + i, seq_len=L, split="eval") for i in range(spec.test_batches)]
-    total, nbytes = None, None
-    if not preset.entries[run.entry].trained:
-        model = nnx.merge(graphdef, params)
-        for b in batches:
-            total = _add(total, decode_sums(model, jnp.asarray(b.inputs), jnp.asarray(b.targets), spec.decode_chunk))
-    else:
-        tokens = jax.ShapeDtypeStruct((batch, L), jnp.int32)
-        compiled = _forward_sums.lower(graphdef, params, tokens, tokens).compile()
-        memory = compiled.memory_analysis()
-        nbytes = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
-        if nbytes > preset.long_eval_bytes:
-            return {"skipped": f"not run: memory {human_bytes(nbytes)} > {human_bytes(preset.long_eval_bytes)}"}
-        for b in batches:
-            total = _add(total, compiled(params, jnp.asarray(b.inputs), jnp.asarray(b.targets)))
-    out = {**ratios(total), "sequences": batch * spec.test_batches, "eval_bytes": nbytes}
+    compiled = _compile(preset, run, graphdef, params, jax.ShapeDtypeStruct((batch, L), jnp.int32), long)
+    memory = compiled.memory_analysis()
+    nbytes = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
+    if nbytes > preset.long_eval_bytes:
+        return {"skipped": f"not run: memory {human_bytes(nbytes)} > {human_bytes(preset.long_eval_bytes)}"}
+    min_queries = spec.long_min_queries if long else 0
+    total, batches = None, []
+    while len(batches) < spec.test_batches or float(total["labels"]) < min_queries:
+        b = data.batch(TEST_OFFSET + len(batches), seq_len=L, split="eval")
+        sums = compiled(params, jnp.asarray(b.inputs), jnp.asarray(b.targets))
+        if float(sums["labels"]) == 0 and min_queries:
+            raise ValueError(
+                f"task {run.task!r}: a test batch at L={L} has no labelled target, so long_min_queries="
+                f"{min_queries} is never reached (set it to 0 for a task without queries)"
+            )
+        total = _add(total, sums)
+        batches.append(b)
+    out = {**ratios(total), "sequences": batch * len(batches), "queries": int(total["labels"]), "eval_bytes": nbytes}
     if hasattr(data, "token_bytes"):  # text: bits per byte, comparable across tokenizers (as the trainer's eval)
         n_bytes = sum(target_bytes(b.targets, data.token_bytes) for b in batches)
         out["bits_per_byte"] = bits_per_byte(float(total["nll"]), n_bytes)

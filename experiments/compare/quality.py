@@ -146,7 +146,8 @@ def best_runs(preset: Preset, runs: Path) -> list[Run] | None:
 
 
 def test_run(preset: Preset, run: Run, runs: Path) -> dict:
-    """The run's test eval (read back when done); a quantized-cache entry evaluates its base's run."""
+    """The run's test eval (read back when done); a quantized-cache or quantized-state entry evaluates its base's
+    run."""
     folder = run.folder(runs)
     if (done := read_json(folder / TEST)) is not None:
         return done
@@ -227,6 +228,7 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
         if r.get("carried_over"):
             carried.setdefault((r["task"], r["entry"]), set()).add(r["lr"])
     tasks = {}
+    code = lambda e: preset.entries[e].state_code  # a quantized-state entry's states are stored in that format
     for task, spec in preset.tasks.items():
         cfg = compose_config(run_overrides(preset, Run(task, "power", spec.lrs[0], spec.seeds[0])))
         configs = {e: compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in preset.task_entries(task)}
@@ -247,15 +249,21 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
                 for e in configs
                 if preset.entries[e].trained
             },
-            "cache_bytes": {e: lm_cache_bytes(c, cfg.data.seq_len) for e, c in configs.items()},
+            "cache_bytes": {e: lm_cache_bytes(c, cfg.data.seq_len, code(e)) for e, c in configs.items()},
             "cache_bytes_by_length": {  # a frontier task's x axis at each test length (a KV cache grows with it)
-                e: {str(L): lm_cache_bytes(c, L) for L in lengths} for e, c in configs.items()
+                e: {str(L): lm_cache_bytes(c, L, code(e)) for L in lengths} for e, c in configs.items()
             }
             if task in preset.frontier_tasks
             else {},
         }
     entries = {
-        name: {"group": e.group, "base": e.base, "change": e.change, "kv_cache_bits": e.kv_cache_bits}
+        name: {
+            "group": e.group,
+            "base": e.base,
+            "change": e.change,
+            "kv_cache_bits": e.kv_cache_bits,
+            "state_format": e.state_format,
+        }
         for name, e in preset.entries.items()
     }
     roles = {"headline": list(preset.headline), "ablations": list(preset.ablations), "frontier": list(preset.frontier)}

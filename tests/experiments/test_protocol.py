@@ -206,10 +206,10 @@ TINY_T32 = dataclasses.replace(  # the frontier's second training length: softma
 )
 TINY = dataclasses.replace(
     SMOKE,
-    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4", "mamba2")},
+    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4", "power_state_fp8", "mamba2")},
     headline=("softmax", "power"),
     ablations=(),
-    frontier=("softmax_kv4", "mamba2"),  # a registry mixer beside power on the frontier
+    frontier=("softmax_kv4", "power_state_fp8", "mamba2"),  # a quantized state, a registry mixer beside power
     frontier_tasks=("mqar", "mqar_t32"),
     tasks={"mqar": TINY_TASK, "mqar_t32": TINY_T32},
     long_eval_skip={"softmax": "time on this machine"},
@@ -241,8 +241,9 @@ def test_each_run_keeps_its_config_command_summary_and_test(tiny):
 def test_long_lengths_left_out_are_marked(tiny):
     test = json.loads((Run("mqar", "softmax", 1e-2, 0).folder(tiny) / TEST).read_text())
     assert test["256"] == {"skipped": "not run: time on this machine"} and "accuracy" in test["64"]
-    kv4 = json.loads((Run("mqar", "softmax_kv4", 1e-2, 0).folder(tiny) / TEST).read_text())
-    assert set(kv4) == {"64"}  # the frontier reads the training length
+    for entry in ("softmax_kv4", "power_state_fp8"):
+        quantized = json.loads((Run("mqar", entry, 1e-2, 0).folder(tiny) / TEST).read_text())
+        assert set(quantized) == {"64"}  # the frontier reads the training length
     squeezed = dataclasses.replace(TINY, long_eval_bytes=1)
     cfg = compose_config(run_overrides(TINY, Run("mqar", "power", 1e-2, 0)))
     out = evaluate_run(squeezed, Run("mqar", "power", 1e-2, 0), cfg, Run("mqar", "power", 1e-2, 0).folder(tiny))
@@ -281,5 +282,12 @@ def test_collect_and_report(tiny, tmp_path):
     assert "No training-loss curve" not in text
     assert "| softmax (AA) |" in text and "not run: time on this machine" in text
     assert "### mqar: trained at T=64" in text and "### mqar_t32: trained at T=32" in text
-    assert "| softmax_kv4 (AA) |" in text[text.index("### mqar_t32") :]
+    assert "| softmax_kv4 (AA, KV 4-bit) |" in text[text.index("### mqar_t32") :]
+    assert (
+        "| power_state_fp8 (PP, state fp8) |"
+        in text[text.index("### mqar: trained") : text.index("### mqar_t32: trained")]
+    )
+    assert "power_state_fp8" not in TINY.task_entries("mqar_t32")  # its base is left out there
     assert "| mamba2 (MM) |" in text
+    by_length = quality["tasks"]["mqar"]["cache_bytes_by_length"]
+    assert by_length["power_state_fp8"]["64"] < by_length["power"]["64"] / 2  # rows of 8: 8 + 4 bytes, not 32
