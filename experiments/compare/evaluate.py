@@ -36,6 +36,39 @@ def test_lengths(preset: Preset, run: Run, seq_len: int) -> list[int]:
     return lengths
 
 
+def long_skip_note(preset: Preset, entry: str) -> str | None:
+    """What a long length of `entry` says when the preset leaves it out there ("not run: <reason>"), or None."""
+    reason = preset.long_eval_skip.get(entry)
+    return None if reason is None else f"not run: {reason}"
+
+
+def stale_lengths(preset: Preset, run: Run, done: dict, seq_len: int) -> list[int]:
+    """The long lengths a finished test eval must run again because the preset now reads them otherwise.
+
+    Args:
+        preset: the comparison's preset.
+        run: the evaluated run.
+        done: its test.json ({str(length): metrics or {"skipped": why}}).
+        seq_len: its training length.
+
+    Returns:
+        Each long length of the run that `done` lacks, that the preset now leaves out and `done` holds measured,
+        that `done` left out for a reason other than memory (or other than the preset's own), or that read fewer
+        labelled targets than the task's long_min_queries (a result without a count: none).
+    """
+    spec, note = preset.tasks[run.task], long_skip_note(preset, run.entry)
+
+    def stale(result: dict | None) -> bool:
+        if result is None or note is not None:
+            return result is None or result.get("skipped") != note
+        if "skipped" in result:
+            return not result["skipped"].startswith("not run: memory")
+        return result.get("queries", 0) < spec.long_min_queries
+
+    long = [L for L in test_lengths(preset, run, seq_len) if L > max(spec.test_scales) * seq_len]
+    return [L for L in long if stale(done.get(str(L)))]
+
+
 def _add(total, sums):
     return sums if total is None else jax.tree.map(jnp.add, total, sums)
 
@@ -151,8 +184,8 @@ def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: 
     `long_min_queries` asks), or {"skipped": why}."""
     spec = preset.tasks[run.task]
     long = L > max(spec.test_scales) * cfg.data.seq_len
-    if long and run.entry in preset.long_eval_skip:
-        return {"skipped": f"not run: {preset.long_eval_skip[run.entry]}"}
+    if long and (note := long_skip_note(preset, run.entry)) is not None:
+        return {"skipped": note}
     batch = max(1, spec.test_tokens // L)
     data = make_dataset(dataclasses.replace(cfg.data, batch_size=batch), cfg.seed)
     compiled = _compile(preset, run, graphdef, params, jax.ShapeDtypeStruct((batch, L), jnp.int32), long)
@@ -179,11 +212,23 @@ def _length_metrics(preset: Preset, run: Run, cfg: Config, graphdef, params, L: 
     return out
 
 
-def evaluate_run(preset: Preset, run: Run, cfg: Config, source) -> dict[str, dict]:
-    """{str(length): metrics (and the compiled eval's bytes), or {"skipped": why}} of the finished run in the
-    folder `source` (its last step: the convergence rule's stop, or the cap), at each of the run's test lengths."""
+def evaluate_run(preset: Preset, run: Run, cfg: Config, source, lengths: list[int] | None = None) -> dict[str, dict]:
+    """The test eval of the finished run in the folder `source` (its last step: the convergence rule's stop, or
+    the cap).
+
+    Args:
+        preset: the comparison's preset.
+        run: the run (a quantized entry's: its base's runs are in `source`).
+        cfg: the run's trainer Config.
+        source: the trained run's folder.
+        lengths: the test lengths to evaluate (None: every test length of the run).
+
+    Returns:
+        {str(length): metrics (and the compiled eval's bytes, sequences and labelled targets read), or
+        {"skipped": why}}.
+    """
     lm = make_lm_config(cfg.model, make_dataset(cfg.data, cfg.seed).vocab_size)
     params = load_params(source, read_json(source / SUMMARY)["steps"])
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: LM(lm, rngs=nnx.Rngs(0))))
-    lengths = test_lengths(preset, run, cfg.data.seq_len)
+    lengths = test_lengths(preset, run, cfg.data.seq_len) if lengths is None else lengths
     return {str(L): _length_metrics(preset, run, cfg, graphdef, params, L) for L in lengths}

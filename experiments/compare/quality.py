@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.compare.evaluate import evaluate_run
+from experiments.compare.evaluate import evaluate_run, stale_lengths
 from experiments.compare.models import (
     compose_config,
     config_yaml,
@@ -146,17 +146,19 @@ def best_runs(preset: Preset, runs: Path) -> list[Run] | None:
 
 
 def test_run(preset: Preset, run: Run, runs: Path) -> dict:
-    """The run's test eval (read back when done); a quantized-cache or quantized-state entry evaluates its base's
-    run."""
+    """The run's test eval (read back when done; its long lengths run again where the preset now reads them
+    otherwise: `stale_lengths`); a quantized-cache or quantized-state entry evaluates its base's run."""
     folder = run.folder(runs)
-    if (done := read_json(folder / TEST)) is not None:
-        return done
     source = Run(run.task, trained_entry(preset, run.entry), run.lr, run.seed).folder(runs)
+    done = read_json(folder / TEST)
+    stale = None if done is None else stale_lengths(preset, run, done, read_json(source / SUMMARY)["seq_len"])
+    if done is not None and not stale:
+        return done
     overrides = run_overrides(preset, run)
     if not preset.entries[run.entry].trained:
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / RECORD, {**run.fields(), "overrides": overrides, "evaluates": str(source)})
-    result = evaluate_run(preset, run, compose_config(overrides), source)
+    result = {**(done or {}), **evaluate_run(preset, run, compose_config(overrides), source, stale)}
     write_json(folder / TEST, result)
     return result
 
