@@ -17,16 +17,29 @@ from matplotlib.figure import Figure
 
 from experiments.formatting import human_bytes
 from retention.nn import LM, LMConfig, cache_bytes
+from retention.serve.quantized_state import quantize_caches
 
 PATTERNS = ("A", "W", "P", "PPPA")
 CONTEXTS = tuple(1024 * 2**i for i in range(11))  # 1k .. 1M tokens
 MIB = 2**20
 
 
-def sequence_cache_bytes(model: LM, length: int) -> int:
-    """Decode-cache bytes of one sequence at `length` tokens (shapes only: nothing is allocated; `model` may be
-    abstract, from nnx.eval_shape)."""
-    return cache_bytes(jax.eval_shape(partial(model.init_caches, 1, length)))
+def sequence_cache_bytes(model: LM, length: int, state_format=None) -> int:
+    """Decode-cache bytes of one sequence at `length` tokens (shapes only: nothing is allocated).
+
+    Args:
+        model: the LM (may be abstract, from nnx.eval_shape).
+        length: tokens the caches hold (a KV cache grows with it; a recurrent state does not).
+        state_format: None (float32 states), or one of retention.serve's STATE_FORMATS: the recurrent states
+            stored as `quantize_caches` stores them (values and a scale per row).
+
+    Returns:
+        The bytes of every array of the caches.
+    """
+    caches = jax.eval_shape(partial(model.init_caches, 1, length))
+    if state_format is not None:
+        caches = jax.eval_shape(partial(quantize_caches, state_format=state_format), caches)
+    return cache_bytes(caches)
 
 
 def measure(config: LMConfig, contexts) -> dict:

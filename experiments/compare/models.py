@@ -44,11 +44,21 @@ def model_section(config_yaml_path: Path) -> dict | None:
     return OmegaConf.to_container(OmegaConf.load(config_yaml_path).model)
 
 
-def lm_cache_bytes(cfg: Config, length: int) -> int:
-    """Decode-cache bytes of one sequence at `length` tokens for cfg's model (shapes only, nothing allocated; the
-    caches do not depend on the vocabulary)."""
+def lm_cache_bytes(cfg: Config, length: int, state_format=None) -> int:
+    """Decode-cache bytes of one sequence for cfg's model (shapes only, nothing allocated; the caches do not depend
+    on the vocabulary).
+
+    Args:
+        cfg: a trainer Config (its model section).
+        length: tokens the caches hold.
+        state_format: None (float32 states) or one of retention.serve's STATE_FORMATS: the states as
+            `quantize_caches` stores them (see `sequence_cache_bytes`).
+
+    Returns:
+        The bytes of every array of the caches.
+    """
     model = nnx.eval_shape(lambda: LM(make_lm_config(cfg.model, 256), rngs=nnx.Rngs(0)))
-    return sequence_cache_bytes(model, length)
+    return sequence_cache_bytes(model, length, state_format)
 
 
 @cache
@@ -73,9 +83,9 @@ def entry_overrides(name: str, preset: Preset, task: str | None = None) -> list[
     if name not in preset.entries:
         raise ValueError(f"entry must be one of {tuple(preset.entries)}, got {name!r}")
     entry = preset.entries[name]
-    if not entry.trained:
-        bits = [f"model.kv_cache_bits={entry.kv_cache_bits}", f"model.name={name}"]
-        return [*entry_overrides(entry.base, preset, task), *bits]
+    if not entry.trained:  # the base's model; a quantized KV cache is a model setting, a state format is not
+        bits = [f"model.kv_cache_bits={entry.kv_cache_bits}"] if entry.kv_cache_bits is not None else []
+        return [*entry_overrides(entry.base, preset, task), *bits, f"model.name={name}"]
     extra = () if task is None else preset.tasks[task].model_overrides(name)
     window = [f"model.window={matched_window(preset, task)}"] if entry.matched_window else []
     return [f"model={entry.group}", *preset.model, *extra, *entry.overrides, f"model.name={name}", *window]

@@ -11,7 +11,7 @@ Model overrides are Hydra strings, exactly as `train.py` takes them; each task's
 (MQAR_RECIPE, PASSKEY_RECIPE, TEXT_RECIPE: the cpu preset's) and the other presets change it by key
 (`with_overrides`).
 
-- `cpu`: this 2-core machine, about an hour on 2 idle cores (CPU_ESTIMATE), in parts that resume.
+- `cpu`: this 2-core machine, about 1-1.5 hours on 2 idle cores (CPU_ESTIMATE), in parts that resume.
 - `cpu_budget`: the cpu preset's MQAR cells (far and near) at a 2,000-step cap for softmax, power and the
   registry's other fixed-state mixers: their learning curves (about an hour on 2 idle cores).
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
@@ -27,24 +27,48 @@ from omegaconf import OmegaConf
 
 from retention.configs import CONFIG_DIR
 
+# An Entry's state_format -> the format retention.serve.quantized_state takes (its STATE_FORMATS).
+STATE_FORMAT_CODES = {"int8": 8, "int4": 4, "fp8": "fp8"}
+
 
 @dataclass(frozen=True)
 class Entry:
     """One compared configuration: `group` (retention/configs/model/<group>.yaml) and model overrides after the
     preset's and the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
     `kv_cache_bits`: nothing is trained; `base`'s runs are evaluated decoding with that quantized KV cache.
+    `state_format` (a key of STATE_FORMAT_CODES): nothing is trained; `base`'s runs are evaluated token by token
+    with every recurrent state re-quantized per row after every token, as `generate(..., state_format=...)` does.
     `base` and `change` name what an ablation changes (the ablation table)."""
 
     group: str
     overrides: tuple[str, ...] = ()
     matched_window: bool = False
     kv_cache_bits: int | None = None
+    state_format: str | None = None
     base: str | None = None
     change: str = ""
 
+    def __post_init__(self):
+        if self.state_format is not None and self.state_format not in STATE_FORMAT_CODES:
+            raise ValueError(
+                f"state_format must be None or one of {tuple(STATE_FORMAT_CODES)}, got {self.state_format!r}"
+            )
+        if self.state_format is not None and self.kv_cache_bits is not None:
+            raise ValueError(
+                f"an Entry quantizes its KV cache or its states, not both: got kv_cache_bits={self.kv_cache_bits}, "
+                f"state_format={self.state_format!r}"
+            )
+        if not self.trained and self.base is None:
+            raise ValueError("an Entry with kv_cache_bits or state_format evaluates a base's runs: base must be set")
+
     @property
     def trained(self) -> bool:
-        return self.kv_cache_bits is None
+        return self.kv_cache_bits is None and self.state_format is None
+
+    @property
+    def state_code(self):
+        """The state format as `retention.serve.quantized_state` takes it (8, 4 or "fp8"), or None."""
+        return None if self.state_format is None else STATE_FORMAT_CODES[self.state_format]
 
 
 @dataclass(frozen=True)
@@ -53,6 +77,9 @@ class Task:
     entry, so every entry sees the same tokens. The lr is chosen on the trainer's eval at 1x (`summary.json`, eval
     batches 0..); the test eval reports `test_scales` x seq_len and `long_lengths` on eval batches from
     TEST_OFFSET on (independent draws). `test_tokens`: tokens per test batch (batch = max(1, test_tokens // L)).
+    A long length runs through prefill and decode steps of `long_chunk` tokens that carry every layer's cache (its
+    memory that of one chunk, not of L) and draws batches past `test_batches` until its labelled targets (MQAR's
+    queries) number at least `long_min_queries`.
     `models`: extra model overrides per entry name ("*": all); `skip`: entries this task leaves out.
     `lr_extensions`: how many steps (the grid's own ratio) an entry's grid extends beyond an edge where its best
     lr sits (protocol.py); 0: never."""
@@ -66,6 +93,8 @@ class Task:
     test_batches: int = 4
     test_tokens: int = 16384
     decode_chunk: int = 256  # tokens per decode step in the quantized-cache eval
+    long_chunk: int = 256  # tokens per decode step at the long lengths (a W layer attends to window + chunk slots)
+    long_min_queries: int = 0  # labelled targets a long length reads at least (0: test_batches alone)
     models: dict[str, tuple[str, ...]] = field(default_factory=dict)
     skip: tuple[str, ...] = ()  # entries not run on this task (the report shows them as not run)
     lr_extensions: int = 1
@@ -109,11 +138,13 @@ class Preset:
     long_eval_skip: dict[str, str] = field(default_factory=dict)
 
     def task_entries(self, task: str) -> tuple[str, ...]:
-        """The entries compared on `task`, headline first, each once."""
+        """The entries compared on `task`, headline first, each once (an untrained entry only with its base)."""
         names = [*self.headline]
         names += list(self.ablations) if task == self.ablation_task else []
         names += list(self.frontier) if task in self.frontier_tasks else []
-        return tuple(n for n in dict.fromkeys(names) if n not in self.tasks[task].skip)
+        skip = self.tasks[task].skip
+        left_out = lambda n: n in skip or (not self.entries[n].trained and self.entries[n].base in skip)
+        return tuple(n for n in dict.fromkeys(names) if not left_out(n))
 
 
 def with_overrides(base: tuple[str, ...], *changes: str) -> tuple[str, ...]:
@@ -170,9 +201,24 @@ FIXED_STATE_ENTRIES = {
 }
 
 
+def quantized_state_entries() -> dict[str, Entry]:
+    """The fixed-state entries of the frontier (power and the registry's other fixed-state mixers) decoded with
+    their states stored int8 and fp8 e4m3 (a scale per state row), beside softmax's quantized KV caches.
+
+    Returns:
+        {"<base>_state_<format>": Entry}: nothing trained, each evaluating its base's runs.
+    """
+    bases = {"power": HEADLINE_ENTRIES["power"], **FIXED_STATE_ENTRIES}
+    return {
+        f"{name}_state_{fmt}": Entry(base.group, state_format=fmt, base=name, change=f"{fmt} state")
+        for name, base in bases.items()
+        for fmt in ("int8", "fp8")
+    }
+
+
 def frontier_entries(windows: tuple[int, ...], head_dims: tuple[int, ...], degrees=(2, 4)) -> dict[str, Entry]:
-    """Windows, power at `degrees` and other head dims, the other fixed-state mixers, and softmax decoding from an
-    int8 / 4-bit cache."""
+    """Windows, power at `degrees` and other head dims, the other fixed-state mixers, softmax decoding from an
+    int8 / 4-bit cache, and the fixed states decoding from int8 / fp8 states."""
     out = {f"swa_w{w}": Entry("swa", (f"model.window={w}",)) for w in windows}
     for d in head_dims:
         if 2 in degrees:
@@ -182,6 +228,7 @@ def frontier_entries(windows: tuple[int, ...], head_dims: tuple[int, ...], degre
     out.update(FIXED_STATE_ENTRIES)
     for bits in (8, 4):
         out[f"softmax_kv{bits}"] = Entry("softmax", kv_cache_bits=bits, base="softmax", change=f"{bits}-bit KV cache")
+    out.update(quantized_state_entries())
     return out
 
 
@@ -248,6 +295,12 @@ CPU_WINDOWS, CPU_HEAD_DIMS = (64,), (8,)  # and degree 2 only: degree 4 at the h
 CPU_ABLATIONS = ("softmax_conv0", "power_conv0", "hybrid_3to1")  # those that can change the reading on the far cell
 CPU_FRONTIER = _frontier(CPU_WINDOWS, CPU_HEAD_DIMS, (2,))
 CPU_LRS = (3e-3, 1e-2, 3e-2)  # 1e-2 is the best of 1e-3..1e-2 for every model on this cell: the grid goes past it
+# MQAR's 64k point: at least 512 queries a run (4 a sequence: 128 sequences of 65,536 tokens, 8.4M tokens), decoded
+# in steps of 256 tokens that carry the state. The preset's P and W models read a 64k sequence there in about 1.0
+# and 1.25 CPU seconds (measured 2026-12-04 through the eval on random models, 2 and 4 sequences; the batch does not
+# change the rate), so 125-165 CPU seconds a run and about 23 CPU minutes for the 9 runs at 64k (W, matched W and
+# P, 3 seeds each); softmax and the hybrid are left out (their A layers' cost grows with L^2: long_eval_skip).
+CPU_LONG_QUERIES = 512
 CPU = Preset(
     name="cpu",
     model=(
@@ -278,6 +331,7 @@ CPU = Preset(
             seeds=(0, 1, 2),
             test_scales=FRONTIER_SCALES,
             long_lengths=(65536,),
+            long_min_queries=CPU_LONG_QUERIES,
             test_batches=2,
             test_tokens=65536,
         ),
@@ -326,6 +380,8 @@ CPU = Preset(
     long_eval_bytes=6 * 2**30,
     long_eval_skip={
         "softmax": "time: about 1e12 FLOPs a 64k sequence, minutes on 2 cores",
+        "hybrid": "time: its A layer decodes a 64k sequence in about 70 CPU seconds; MQAR's 512 queries at 64k are "
+        "128 sequences, 2.5 CPU hours a run",
         **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
     },
 )
@@ -333,7 +389,11 @@ CPU = Preset(
 # training runs, 58 CPU minutes if every run stops at its earliest (400 steps of mqar), 92 at the caps with all 27
 # possible lr extensions; with the test evals and the speed sweep (about 15 CPU minutes before) about 75-105 CPU
 # minutes: about an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2; 52 CPU minutes took 30 before).
-CPU_ESTIMATE = "about an hour on 2 idle cores in two parts (75-105 CPU minutes: experiments.compare.estimate)"
+# Since then (measured 2026-12-04 on random models at the preset's sizes, compilation included): the frontier's 20
+# quantized-state evals (P, D, G, M x int8, fp8 x both frontier tasks, P at 3 seeds on mqar) read 655k tokens
+# each token by token, 25-70 CPU seconds a job, about 15 CPU minutes; MQAR's 64k point at 512 queries about 23
+# (CPU_LONG_QUERIES), less the hybrid's 64k forwards it no longer runs (about 3): about 110-140 CPU minutes.
+CPU_ESTIMATE = "about 1-1.5 hours on 2 idle cores in two parts (110-140 CPU minutes: experiments.compare.estimate)"
 
 GPU_MODEL = (
     "model.n_layers=8",
@@ -510,16 +570,24 @@ SMOKE = Preset(
         **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power")},
         "power_nogate": ablation_entries()["power_nogate"],
         "softmax_kv4": frontier_entries((), ())["softmax_kv4"],
+        "power_state_fp8": quantized_state_entries()["power_state_fp8"],
         "mamba2": FIXED_STATE_ENTRIES["mamba2"],
     },
     headline=("softmax", "swa_matched", "power"),
     ablations=("power_nogate",),
-    frontier=("softmax_kv4", "mamba2"),  # one of the registry's fixed-state mixers, end to end
+    frontier=("softmax_kv4", "power_state_fp8", "mamba2"),  # a quantized state and a registry mixer, end to end
     ablation_task="mqar",
     frontier_tasks=("mqar", "mqar_t32"),
     tasks={
         "mqar": Task(
-            "mqar", SMOKE_MQAR, lrs=(1e-3, 1e-2), seeds=(0, 1), test_scales=(1, 4), long_lengths=(1024,), **SMOKE_TEST
+            "mqar",
+            SMOKE_MQAR,
+            lrs=(1e-3, 1e-2),
+            seeds=(0, 1),
+            test_scales=(1, 4),
+            long_lengths=(1024,),
+            long_min_queries=8,  # 4 a sequence: 2 sequences, one more than test_batches
+            **SMOKE_TEST,
         ),
         "mqar_t32": Task(  # the frontier's second training length
             "mqar",

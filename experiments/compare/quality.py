@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from experiments.compare.evaluate import evaluate_run
+from experiments.compare.evaluate import evaluate_run, stale_lengths
 from experiments.compare.models import (
     compose_config,
     config_yaml,
@@ -146,16 +146,19 @@ def best_runs(preset: Preset, runs: Path) -> list[Run] | None:
 
 
 def test_run(preset: Preset, run: Run, runs: Path) -> dict:
-    """The run's test eval (read back when done); a quantized-cache entry evaluates its base's run."""
+    """The run's test eval (read back when done; its long lengths run again where the preset now reads them
+    otherwise: `stale_lengths`); a quantized-cache or quantized-state entry evaluates its base's run."""
     folder = run.folder(runs)
-    if (done := read_json(folder / TEST)) is not None:
-        return done
     source = Run(run.task, trained_entry(preset, run.entry), run.lr, run.seed).folder(runs)
+    done = read_json(folder / TEST)
+    stale = None if done is None else stale_lengths(preset, run, done, read_json(source / SUMMARY)["seq_len"])
+    if done is not None and not stale:
+        return done
     overrides = run_overrides(preset, run)
     if not preset.entries[run.entry].trained:
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / RECORD, {**run.fields(), "overrides": overrides, "evaluates": str(source)})
-    result = evaluate_run(preset, run, compose_config(overrides), source)
+    result = {**(done or {}), **evaluate_run(preset, run, compose_config(overrides), source, stale)}
     write_json(folder / TEST, result)
     return result
 
@@ -227,6 +230,7 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
         if r.get("carried_over"):
             carried.setdefault((r["task"], r["entry"]), set()).add(r["lr"])
     tasks = {}
+    code = lambda e: preset.entries[e].state_code  # a quantized-state entry's states are stored in that format
     for task, spec in preset.tasks.items():
         cfg = compose_config(run_overrides(preset, Run(task, "power", spec.lrs[0], spec.seeds[0])))
         configs = {e: compose_config(run_overrides(preset, Run(task, e, 1e-3, 0))) for e in preset.task_entries(task)}
@@ -247,15 +251,21 @@ def collect(preset: Preset, runs: Path, previous: dict | None = None) -> dict:
                 for e in configs
                 if preset.entries[e].trained
             },
-            "cache_bytes": {e: lm_cache_bytes(c, cfg.data.seq_len) for e, c in configs.items()},
+            "cache_bytes": {e: lm_cache_bytes(c, cfg.data.seq_len, code(e)) for e, c in configs.items()},
             "cache_bytes_by_length": {  # a frontier task's x axis at each test length (a KV cache grows with it)
-                e: {str(L): lm_cache_bytes(c, L) for L in lengths} for e, c in configs.items()
+                e: {str(L): lm_cache_bytes(c, L, code(e)) for L in lengths} for e, c in configs.items()
             }
             if task in preset.frontier_tasks
             else {},
         }
     entries = {
-        name: {"group": e.group, "base": e.base, "change": e.change, "kv_cache_bits": e.kv_cache_bits}
+        name: {
+            "group": e.group,
+            "base": e.base,
+            "change": e.change,
+            "kv_cache_bits": e.kv_cache_bits,
+            "state_format": e.state_format,
+        }
         for name, e in preset.entries.items()
     }
     roles = {"headline": list(preset.headline), "ablations": list(preset.ablations), "frontier": list(preset.frontier)}

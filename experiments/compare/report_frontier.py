@@ -1,7 +1,8 @@
 """The ablation table and the recall-memory frontier of the comparison report (Zoology's figure, one panel per
 training length): MQAR accuracy at each test length (1x-16x) against decode-state bytes per sequence there, for
 softmax's KV cache (float and quantized), windows, power retention at several degrees and head dims, the other
-fixed-state mixers and the hybrids; and at which lengths a fixed state beats the 4-bit KV cache.
+fixed-state mixers (float32 and quantized states) and the hybrids; and at which lengths a fixed state beats the
+4-bit KV cache.
 """
 
 from pathlib import Path
@@ -36,6 +37,42 @@ def ablation_section(res: Results, task: str | None) -> list[str]:
         md_table(header, rows),
         "",
     ]
+
+
+def stored_as(res: Results, entry: str) -> str:
+    """How the entry stores its decode memory when quantized.
+
+    Args:
+        res: the comparison's results.
+        entry: one of its entries.
+
+    Returns:
+        "KV int8", "KV 4-bit", "state int8", "state fp8" (or another state format), else "" (as trained: a float KV
+        cache or float32 states).
+    """
+    spec = res.entries[entry]
+    if spec["kv_cache_bits"] is not None:
+        return "KV int8" if spec["kv_cache_bits"] == 8 else f"KV {spec['kv_cache_bits']}-bit"
+    return f"state {spec['state_format']}" if spec.get("state_format") else ""
+
+
+MARKERS = {"": "o", "KV int8": "D", "KV 4-bit": "v", "state int8": "s", "state fp8": "^"}  # else "o"
+
+
+def frontier_label(res: Results, task: str, entry: str) -> str:
+    """The entry's frontier label.
+
+    Args:
+        res: the comparison's results.
+        task: the task (its runs give the layers).
+        entry: one of its entries.
+
+    Returns:
+        Its name, layers with their recipe (`Results.layers`) and, when quantized, how it stores its memory:
+        "power_state_int8 (PP, no RoPE, degree 2, state int8)", "softmax_kv4 (AA, RoPE, KV 4-bit)".
+    """
+    kinds, stored = res.layers(task, entry), stored_as(res, entry)
+    return label(entry, f"{kinds}, {stored}" if stored else kinds)
 
 
 def frontier_entries(res: Results, task: str) -> list[str]:
@@ -90,7 +127,7 @@ def fixed_state_verdicts(res: Results, task: str, lengths: list[int]) -> list[st
             *([f"pending at {_lengths(pending)}"] if pending else []),
         ]
         state = human_bytes(next(iter(sizes.values())))
-        out.append(f"- {label(entry, res.layers(task, entry))}, {state} at every length: " + "; ".join(parts))
+        out.append(f"- {frontier_label(res, task, entry)}, {state} at every length: " + "; ".join(parts))
     return out
 
 
@@ -110,10 +147,13 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
         "## The frontier: recall against decode-state bytes, by training length",
         "",
         "Bytes per sequence of the decode caches at each test length (a KV cache grows with it; a fixed state, or "
-        "a window past its width, does not); the quantized caches (`softmax_kv8`, `softmax_kv4`: int8 and 4-bit "
-        "keys and values, a bfloat16 scale per 16) are softmax's trained runs decoded through that cache. A fixed "
-        "state *beats* the 4-bit cache at a length where its test accuracy is above the cache's with no more bytes "
-        "(the same accuracy: a tie).",
+        "a window past its width, does not); the quantized caches (`KV int8`, `KV 4-bit`: int8 and 4-bit "
+        "keys and values, a bfloat16 scale per 16) are softmax's trained runs decoded through that cache, and the "
+        "quantized states (`state int8`, `state fp8`: int8 with a bfloat16 scale, fp8 e4m3 with a float32 scale, "
+        "per state row) are each fixed-state model's trained runs decoded token by token with every recurrent "
+        "state re-quantized after every token (`generate(..., state_format=...)`'s path; their bytes: the "
+        "quantized states and scales, and the rest of the cache as it is). A fixed state *beats* the 4-bit cache "
+        "at a length where its test accuracy is above the cache's with no more bytes (the same accuracy: a tie).",
         "",
     ]
     for ax, task in zip(axes, tasks):
@@ -123,14 +163,14 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
         for entry in entries:
             cells = [res.cell(task, entry, L) for L in lengths]
             sizes = [state_bytes(res, task, entry, L) for L in lengths]
-            row = [label(entry, res.layers(task, entry)), human_bytes(sizes[0]), human_bytes(sizes[-1])]
-            rows.append(row + [c.text() for c in cells])
+            name = frontier_label(res, task, entry)
+            rows.append([name, human_bytes(sizes[0]), human_bytes(sizes[-1])] + [c.text() for c in cells])
             drawn = [(b, c) for b, c in zip(sizes, cells) if c.n]
             if drawn:
                 xs, ys = [b for b, _ in drawn], [c.mean for _, c in drawn]
                 err = [[c.below for _, c in drawn], [c.above for _, c in drawn]]
-                name = label(entry, res.layers(task, entry))
-                ax.errorbar(xs, ys, yerr=err, fmt="o", ms=3, lw=1, capsize=2, **line_style(entry), label=name)
+                marker = MARKERS.get(stored_as(res, entry), "o")
+                ax.errorbar(xs, ys, yerr=err, fmt=marker, ms=3, lw=1, capsize=2, **line_style(entry), label=name)
         if t["num_kv_pairs"]:
             ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
         ax.set(xscale="log", xlabel="decode-state bytes per sequence at the eval length (log)", ylabel="test accuracy")

@@ -123,7 +123,7 @@ def lr_section(res: Results) -> list[str]:
         "",
     ]
     for task, t in res.tasks.items():
-        trained = [e for e in t["entries"] if res.entries[e]["kv_cache_bits"] is None]
+        trained = [e for e in t["entries"] if not res.quantized(e)]
         columns = sorted({lr for e in trained for lr in res.lrs(task, e)} | set(t["lrs"]))
         rows = []
         for entry in trained:

@@ -49,10 +49,21 @@ class Results:
         self.tasks, self.entries, self.roles = quality["tasks"], quality["entries"], quality["roles"]
         self.runs = {(r["task"], r["entry"], r["lr"], r["seed"]): r for r in quality["runs"]}
 
-    def trained(self, entry: str) -> str:
-        """The entry whose training runs `entry` reports (a quantized-cache entry's base)."""
+    def quantized(self, entry: str) -> bool:
+        """Whether `entry` is its base's runs read through a quantized KV cache or quantized states.
+
+        Args:
+            entry: an entry of quality.json (one from before quantized states has no state_format).
+
+        Returns:
+            True when nothing of the entry's own is trained.
+        """
         spec = self.entries[entry]
-        return entry if spec["kv_cache_bits"] is None else spec["base"]
+        return spec["kv_cache_bits"] is not None or spec.get("state_format") is not None
+
+    def trained(self, entry: str) -> str:
+        """The entry whose training runs `entry` reports (a quantized-cache or quantized-state entry's base)."""
+        return self.entries[entry]["base"] if self.quantized(entry) else entry
 
     def metric(self, task: str):
         return METRICS[self.tasks[task]["data"]]

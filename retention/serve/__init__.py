@@ -9,7 +9,13 @@ import importlib
 
 _HOMES = {
     "retention.serve.engine": ("Engine",),
-    "retention.serve.quantized_state": ("QuantizedArray", "dequantize_states", "quantize_states", "round_trip_states"),
+    "retention.serve.quantized_state": (
+        "QuantizedArray",
+        "dequantize_states",
+        "quantize_caches",
+        "quantize_states",
+        "round_trip_states",
+    ),
     "retention.serve.speculative": ("speculative_generate", "verify"),
     "retention.serve.snapshot_value": ("Snapshot",),
     "retention.serve.snapshot": (

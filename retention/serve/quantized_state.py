@@ -1,6 +1,6 @@
 """Fixed-size states quantized, at rest (a snapshot's, in memory or in its file) and live (re-quantized after every
 decode step): every recurrent state of an LM's caches (a power-retention layer's S and z, a matrix-state layer's
-S: Gated DeltaNet, GLA) with a scale per row of the state (each of the last axis's rows: S's D rows of d values,
+S: Gated DeltaNet, GLA, Mamba2) with a scale per row of the state (each of the last axis's rows: S's D rows of d values,
 z's one row of D values). The attention layers' KV caches are kept as they are (they quantize through
 kv_cache_bits), as is everything else in the snapshot.
 
@@ -13,7 +13,8 @@ Formats (STATE_FORMATS):
   s 2^-10 (half the subnormal step 2^-9) below.
 A non-finite row stays non-finite; a zero row stays zero.
 
-`quantize_states` / `dequantize_states` turn a Snapshot's states into QuantizedArray leaves and back;
+`quantize_states` / `dequantize_states` turn a Snapshot's states into QuantizedArray leaves and back
+(`quantize_caches` the same on an LMCache);
 `round_trip_states(caches, state_format)` is the live form (`generate(..., state_format=...)`): each state
 quantized and dequantized after every step, kept in float32 between steps (so it measures the error of a state
 stored quantized, not the memory of one).
@@ -93,6 +94,21 @@ def state_format_of(snapshot: Snapshot):
     return next(iter(found - {None}), None)
 
 
+def quantize_caches(caches, state_format):
+    """LMCache `caches` with every recurrent state a QuantizedArray in `state_format` (the rest as it is): what a
+    store of quantized states holds, and under `jax.eval_shape` its bytes from shapes alone.
+
+    Args:
+        caches: an LMCache (`LM.init_caches`, `LM.prefill`) with float32 states, or its ShapeDtypeStructs.
+        state_format: one of STATE_FORMATS (8, 4 or "fp8").
+
+    Returns:
+        The LMCache with each P layer's S and z and each matrix-state layer's S (D, G, M) quantized per row.
+    """
+    check_choice("state_format", state_format, STATE_FORMATS)
+    return _map_states(caches, lambda x: quantize_rows(x, state_format))
+
+
 def quantize_states(snapshot: Snapshot, state_format=8) -> Snapshot:
     """The snapshot with every recurrent state quantized per row in `state_format` (8, 4 or "fp8")."""
     if not isinstance(snapshot, Snapshot):
@@ -100,7 +116,7 @@ def quantize_states(snapshot: Snapshot, state_format=8) -> Snapshot:
     check_choice("state_format", state_format, STATE_FORMATS)
     if state_format_of(snapshot) is not None:
         raise ValueError(f"snapshot's states are quantized already ({state_format_of(snapshot)!r})")
-    return dataclasses.replace(snapshot, caches=_map_states(snapshot.caches, lambda x: quantize_rows(x, state_format)))
+    return dataclasses.replace(snapshot, caches=quantize_caches(snapshot.caches, state_format))
 
 
 def dequantize_states(snapshot: Snapshot) -> Snapshot:

@@ -31,19 +31,19 @@ def test_fit_recovers_overhead_and_rate():
 
 def test_smoke_job_counts():
     """smoke's mqar: 5 trained entries (Mamba2 on the frontier) x 2 lrs, and 3 headline entries' second seed;
-    tests: 3 headline x 2 seeds, the ablation and Mamba2 once, the quantized-cache entry at its base's 2 seeds. Its
-    mqar_t32 (the frontier's second length): softmax and power x 2 lrs, one seed; tests: those two and the 4-bit
-    cache. One extension at most for each of the 7 trained entries."""
-    assert len(trained_jobs(SMOKE)) == 5 * 2 + 3 + 2 * 2 and eval_job_count(SMOKE) == 3 * 2 + 1 + 1 + 2 + 3
+    tests: 3 headline x 2 seeds, the ablation and Mamba2 once, the quantized-cache and quantized-state entries at
+    their bases' 2 seeds. Its mqar_t32 (the frontier's second length): softmax and power x 2 lrs, one seed; tests:
+    those two, the 4-bit cache and the fp8 state. One extension at most for each of the 7 trained entries."""
+    assert len(trained_jobs(SMOKE)) == 5 * 2 + 3 + 2 * 2 and eval_job_count(SMOKE) == 3 * 2 + 1 + 1 + 2 + 2 + 4
     assert extension_job_count(SMOKE) == 7
 
 
 def test_earliest_stop_of_the_rule():
-    """cpu's mqar: evals every 50 steps, patience 4, min_step 400: no stop before 400 (patience alone: 250); with
+    """cpu's mqar: evals every 50 steps, patience 4, min_step 600: no stop before 600 (patience alone: 250); with
     the rule off, the cap; never past the cap."""
     spec = CPU.tasks["mqar"]
     cfg = compose_config([f"data={spec.data}", *spec.overrides])
-    assert earliest_steps(cfg) == 400
+    assert earliest_steps(cfg) == 600
     cfg.trainer.early_stop.min_step = 0
     assert earliest_steps(cfg) == 250
     cfg.trainer.early_stop.patience = 0
@@ -73,7 +73,7 @@ def test_estimate_from_measured_runs_and_stage_timings(tmp_path, monkeypatch):
     assert out["overhead_s"] == pytest.approx(2.0) and out["tokens_per_s"] == pytest.approx(1280.0)
     assert out["train_s"] == pytest.approx(13 * mqar + 4 * t32) == out["train_s_earliest"]  # 3 steps: no stop
     assert out["extend_s_max"] == pytest.approx(5 * mqar + 2 * t32)
-    assert out["test_s"] == pytest.approx(13 * 30.0) and out["speed_s"] is None
+    assert out["test_s"] == pytest.approx(16 * 30.0) and out["speed_s"] is None
     assert out["total_s"] == pytest.approx(out["train_s"] + out["extend_s_max"] + out["test_s"])
     assert out["total_s_earliest"] == pytest.approx(out["train_s"] + out["test_s"])
     made_up_run(tmp_path / "c", 3, 4, 64, 7.0)  # a run at smoke's own tokens: its seconds, not the line's

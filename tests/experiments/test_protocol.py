@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from experiments.compare import quality
-from experiments.compare.evaluate import _forward_sums, decode_sums, evaluate_run
+from experiments.compare.evaluate import _forward_sums, decode_sums, evaluate_run, long_skip_note
 from experiments.compare.models import compose_config, config_yaml
 from experiments.compare.presets import SMOKE, TEST_OFFSET, Task, with_overrides
 from experiments.compare.protocol import (
@@ -119,6 +119,16 @@ def test_a_best_at_the_edge_extends_the_sweep_before_the_seeds(tmp_path):
     assert [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power"] == [Run("mqar", "power", 1e-2, 5)]
 
 
+def finished_test(preset, entry: str) -> dict:
+    """A test.json as the preset reads it today: its long length (1,024) skipped as the preset says, or read on
+    its long_min_queries (a trained entry; a quantized one has no long length)."""
+    if not preset.entries[entry].trained:
+        return {"64": {"accuracy": 0.5}}
+    note = long_skip_note(preset, entry)
+    long = {"skipped": note} if note else {"accuracy": 0.5, "queries": preset.tasks["mqar"].long_min_queries}
+    return {"64": {"accuracy": 0.5}, "1024": long}
+
+
 def test_finished_runs_are_reused_not_retrained(tmp_path, monkeypatch):
     """Folders with summary.json (and test.json) are read back: a call that would train or evaluate fails."""
     for run in stage_jobs(FAKE, tmp_path, "sweep"):
@@ -127,11 +137,39 @@ def test_finished_runs_are_reused_not_retrained(tmp_path, monkeypatch):
         for run in stage_jobs(FAKE, tmp_path, stage):
             fake_summary(run.folder(tmp_path), 0.5)
         for run in stage_jobs(FAKE, tmp_path, stage):
-            (run.folder(tmp_path) / TEST).write_text("{}") if stage == "test" else None
+            if stage == "test":
+                (run.folder(tmp_path) / TEST).write_text(json.dumps(finished_test(FAKE, run.entry)))
     monkeypatch.setattr(quality, "train", lambda *a: pytest.fail("retrained a finished run"))
     monkeypatch.setattr(quality, "evaluate_run", lambda *a: pytest.fail("re-evaluated a finished run"))
     for k in (1, 2):
         run_stages(FAKE, tmp_path, part=(k, 2))
+
+
+def test_a_long_length_read_otherwise_is_evaluated_again(tmp_path, monkeypatch):
+    """A finished test eval's long length runs again (only it; the rest kept) where it read fewer queries than the
+    task asks now (or has no count), where the preset now leaves the entry out there (softmax: measured before),
+    or left out for time where the preset no longer does; a memory skip and a read on enough queries stay."""
+    asked = []
+
+    def evaluate(preset, run, cfg, source, lengths):
+        asked.append((run.entry, lengths))
+        return {str(L): {"accuracy": 1.0, "queries": 99} for L in lengths}
+
+    monkeypatch.setattr(quality, "evaluate_run", evaluate)
+    runs = {e: Run("mqar", e, 1e-2, 0) for e in ("power", "softmax", "swa_matched")}
+    for run in runs.values():
+        fake_summary(run.folder(tmp_path), 0.5)
+    old = {"64": {"accuracy": 0.25}, "1024": {"accuracy": 0.5, "sequences": 2}}  # 8 queries, uncounted
+    for entry, long in (("power", None), ("softmax", None), ("swa_matched", {"skipped": "not run: time"})):
+        done = old if long is None else {**old, "1024": long}
+        (runs[entry].folder(tmp_path) / TEST).write_text(json.dumps(done))
+    new = {"64": old["64"], "1024": {"accuracy": 1.0, "queries": 99}}
+    assert [quality.test_run(FAKE, runs[e], tmp_path) for e in runs] == [new] * 3  # the rest kept as it was
+    assert asked == [("power", [1024]), ("softmax", [1024]), ("swa_matched", [1024])]
+    for entry, long in (("power", {"accuracy": 0.5, "queries": 8}), ("swa_matched", {"skipped": "not run: memory"})):
+        (runs[entry].folder(tmp_path) / TEST).write_text(json.dumps({**old, "1024": long}))
+        quality.test_run(FAKE, runs[entry], tmp_path)
+    assert len(asked) == 3  # 8 queries are smoke's long_min_queries; a memory skip stays
 
 
 CARRY = dataclasses.replace(  # two entries on one task
@@ -207,10 +245,10 @@ TINY_T32 = dataclasses.replace(  # the frontier's second training length: softma
 )
 TINY = dataclasses.replace(
     SMOKE,
-    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4", "mamba2")},
+    entries={k: SMOKE.entries[k] for k in ("softmax", "power", "softmax_kv4", "power_state_fp8", "mamba2")},
     headline=("softmax", "power"),
     ablations=(),
-    frontier=("softmax_kv4", "mamba2"),  # a registry mixer beside power on the frontier
+    frontier=("softmax_kv4", "power_state_fp8", "mamba2"),  # a quantized state, a registry mixer beside power
     frontier_tasks=("mqar", "mqar_t32"),
     tasks={"mqar": TINY_TASK, "mqar_t32": TINY_T32},
     long_eval_skip={"softmax": "time on this machine"},
@@ -242,8 +280,9 @@ def test_each_run_keeps_its_config_command_summary_and_test(tiny):
 def test_long_lengths_left_out_are_marked(tiny):
     test = json.loads((Run("mqar", "softmax", 1e-2, 0).folder(tiny) / TEST).read_text())
     assert test["256"] == {"skipped": "not run: time on this machine"} and "accuracy" in test["64"]
-    kv4 = json.loads((Run("mqar", "softmax_kv4", 1e-2, 0).folder(tiny) / TEST).read_text())
-    assert set(kv4) == {"64"}  # the frontier reads the training length
+    for entry in ("softmax_kv4", "power_state_fp8"):
+        quantized = json.loads((Run("mqar", entry, 1e-2, 0).folder(tiny) / TEST).read_text())
+        assert set(quantized) == {"64"}  # the frontier reads the training length
     squeezed = dataclasses.replace(TINY, long_eval_bytes=1)
     cfg = compose_config(run_overrides(TINY, Run("mqar", "power", 1e-2, 0)))
     out = evaluate_run(squeezed, Run("mqar", "power", 1e-2, 0), cfg, Run("mqar", "power", 1e-2, 0).folder(tiny))
@@ -284,5 +323,12 @@ def test_collect_and_report(tiny, tmp_path):
     assert "No training-loss curve" not in text
     assert "| softmax (AA) |" in text and "not run: time on this machine" in text
     assert "### mqar: trained at T=64" in text and "### mqar_t32: trained at T=32" in text
-    assert "| softmax_kv4 (AA) |" in text[text.index("### mqar_t32") :]
+    assert "| softmax_kv4 (AA, KV 4-bit) |" in text[text.index("### mqar_t32") :]
+    assert (
+        "| power_state_fp8 (PP, state fp8) |"
+        in text[text.index("### mqar: trained") : text.index("### mqar_t32: trained")]
+    )
+    assert "power_state_fp8" not in TINY.task_entries("mqar_t32")  # its base is left out there
     assert "| mamba2 (MM) |" in text
+    by_length = quality["tasks"]["mqar"]["cache_bytes_by_length"]
+    assert by_length["power_state_fp8"]["64"] < by_length["power"]["64"] / 2  # rows of 8: 8 + 4 bytes, not 32

@@ -27,15 +27,17 @@ TEST = {  # test accuracy per seed at the best lr: {length: [seed 0, 1, 2]}
     "power": {"64": [0.3, 0.2, 0.4], "1024": [0.25, 0.25, 0.25], "4096": [0.2, 0.2, 0.2]},
     "power_nogate": {"64": [0.1], "1024": [0.05], "4096": [0.05]},
     "softmax_kv4": {"64": [0.85, 0.75, 0.95], "1024": [0.2, 0.25, 0.15]},
+    "power_state_int8": {"64": [0.25, 0.2, 0.3], "1024": [0.3, 0.3, 0.3]},
 }
 BYTES = {  # decode-state bytes at each frontier length: the caches grow, power's state does not
     "softmax": {"64": 16908, "1024": 262_000},
     "power": {"64": 5188, "1024": 5188},
     "power_nogate": {"64": 5188, "1024": 5188},
     "softmax_kv4": {"64": 3596, "1024": 50_000},
+    "power_state_int8": {"64": 1500, "1024": 1500},
 }
 KINDS = {"softmax": "AA", "power": "PP", "power_nogate": "PP"}
-BEST = {"softmax": 3e-3, "power": 1e-3, "power_nogate": 1e-2, "softmax_kv4": 3e-3}
+BEST = {"softmax": 3e-3, "power": 1e-3, "power_nogate": 1e-2, "softmax_kv4": 3e-3, "power_state_int8": 1e-3}
 
 
 def made_up_test(entry: str, seed: int) -> dict:
@@ -53,6 +55,13 @@ def fake_quality(runs_dir: Path) -> dict:
         "power": {"group": "power", "base": None, "change": "", "kv_cache_bits": None},
         "power_nogate": {"group": "power", "base": "power", "change": "no gating", "kv_cache_bits": None},
         "softmax_kv4": {"group": "softmax", "base": "softmax", "change": "4-bit KV cache", "kv_cache_bits": 4},
+        "power_state_int8": {
+            "group": "power",
+            "base": "power",
+            "change": "int8 state",
+            "kv_cache_bits": None,
+            "state_format": "int8",
+        },
     }
     runs = []
     for entry, values in SELECTION.items():
@@ -90,19 +99,21 @@ def fake_quality(runs_dir: Path) -> dict:
                     )
                 )  # fmt
     for seed in (0, 1, 2):
-        record = {"evaluates": f"softmax/lr0.003/seed{seed}"}
-        runs.append(
-            dict(
-                task="mqar",
-                entry="softmax_kv4",
-                lr=3e-3,
-                seed=seed,
-                folder="-",
-                record=record,
-                summary=None,
-                test=made_up_test("softmax_kv4", seed),
-            )
-        )  # fmt
+        for entry in ("softmax_kv4", "power_state_int8"):  # each evaluates its base's runs at its best lr
+            base = entries[entry]["base"]
+            record = {"evaluates": f"{base}/lr{BEST[base]:g}/seed{seed}"}
+            runs.append(
+                dict(
+                    task="mqar",
+                    entry=entry,
+                    lr=BEST[base],
+                    seed=seed,
+                    folder="-",
+                    record=record,
+                    summary=None,
+                    test=made_up_test(entry, seed),
+                )
+            )  # fmt
     task = {
         "data": "mqar",
         "seq_len": 64,
@@ -117,7 +128,11 @@ def fake_quality(runs_dir: Path) -> dict:
         "cache_bytes": {e: b["64"] for e, b in BYTES.items()},
         "cache_bytes_by_length": BYTES,
     }
-    roles = {"headline": ["softmax", "power"], "ablations": ["power_nogate"], "frontier": ["softmax_kv4"]}
+    roles = {
+        "headline": ["softmax", "power"],
+        "ablations": ["power_nogate"],
+        "frontier": ["softmax_kv4", "power_state_int8"],
+    }
     roles["frontier_tasks"] = ["mqar"]
     machine = {"device": "cpu", "backend": "cpu", "devices": 1, "cpus": 2, "jax": "0", "date": "today"}
     return {
@@ -198,15 +213,22 @@ def test_report_headline_buys_and_costs(report):
 
 
 def test_report_frontier_by_length_and_the_fixed_state_verdict(report):
-    """Rows sorted by bytes at the training length, bytes at the first and last length, accuracy at each; power's
-    fixed 5,188 bytes beat the 4-bit cache at 1,024 tokens (0.25 > 0.2 with 5 KiB <= 49 KiB), not at 64 (the
-    cache is smaller there: 3,596 bytes)."""
+    """Rows sorted by bytes at the training length, bytes at the first and last length, accuracy at each, each
+    quantized entry labelled with how it stores its memory; power's fixed 5,188 bytes beat the 4-bit cache at
+    1,024 tokens (0.25 > 0.2 with 5 KiB <= 49 KiB), not at 64 (the cache is smaller there: 3,596 bytes); its int8
+    state's 1,500 bytes are below the cache's accuracy at 64 and beat it at 1,024."""
     text, _ = report
     frontier = text[text.index("## The frontier") : text.index("## Learning-rate")]
     rows = [line for line in frontier.splitlines() if line.startswith("| ") and "@64" not in line]
-    assert [r.split(" | ")[0] for r in rows[:3]] == ["| softmax_kv4 (AA)", "| power (PP)", "| softmax (AA)"]
-    assert "| softmax_kv4 (AA) | 4 KiB | 49 KiB | 0.850 (0.750-0.950) | 0.200 (0.150-0.250) |" in frontier
+    names = ["| power_state_int8 (PP, state int8)", "| softmax_kv4 (AA, KV 4-bit)", "| power (PP)", "| softmax (AA)"]
+    assert [r.split(" | ")[0] for r in rows[:4]] == names
+    assert "| softmax_kv4 (AA, KV 4-bit) | 4 KiB | 49 KiB | 0.850 (0.750-0.950) | 0.200 (0.150-0.250) |" in frontier
+    assert (
+        "| power_state_int8 (PP, state int8) | 1 KiB | 1 KiB | 0.250 (0.200-0.300) | 0.300 (0.300-0.300) |" in frontier
+    )
     assert "- power (PP), 5 KiB at every length: beats it at 1k; more bytes than the cache at 64" in frontier
+    state = "- power_state_int8 (PP, state int8), 1 KiB at every length: beats it at 1k; below its accuracy at 64"
+    assert state in frontier
 
 
 def test_lr_table_flags_a_best_at_the_grid_edge(report):
