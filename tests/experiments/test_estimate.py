@@ -47,7 +47,7 @@ def test_earliest_stop_of_the_rule():
     cfg.trainer.early_stop.min_step = 0
     assert earliest_steps(cfg) == 250
     cfg.trainer.early_stop.patience = 0
-    assert earliest_steps(cfg) == cfg.trainer.steps == 600
+    assert earliest_steps(cfg) == cfg.trainer.steps == 1000
     cfg.trainer.early_stop.patience, cfg.trainer.steps = 40, 300
     assert earliest_steps(cfg) == 300
 

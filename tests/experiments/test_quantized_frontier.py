@@ -38,6 +38,7 @@ from retention.data.base import IGNORE
 from retention.nn import LM, LMConfig
 from retention.serve.quantized_state import STATE_FORMATS, quantize_caches, quantize_states, round_trip_states
 from retention.train.config import make_dataset, make_lm_config
+from retention.train.step import SCALAR_SUMS
 
 pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
 
@@ -173,8 +174,8 @@ def test_a_long_length_reads_the_queries_asked_for_carrying_the_state():
 
 def test_a_scan_of_decode_steps_with_a_short_last_step_equals_the_forward():
     """decode_sums at a chunk that does not divide the length (a prefill of 24, steps of 24, a last step of 16)
-    gives the full forward's sums, a row's exact match over all its steps: labels in four steps, row 0 right at
-    every one (exact), row 1 wrong at its last (not exact)."""
+    gives the full forward's sums, a row's exact match over all its steps (labels in four steps, row 0 right at
+    every one: exact; row 1 wrong at its last: not exact) and each position's sums where the forward has them."""
     model = LM(CONFIG, rngs=nnx.Rngs(0))
     inputs = jax.random.randint(jax.random.key(0), (2, 88), 0, CONFIG.vocab_size, dtype=jnp.int32)
     predicted = np.asarray(jnp.argmax(model(inputs), axis=-1))
@@ -184,7 +185,7 @@ def test_a_scan_of_decode_steps_with_a_short_last_step_equals_the_forward():
     targets[1, 80] = (predicted[1, 80] + 1) % CONFIG.vocab_size
     stepped = decode_sums(model, inputs, jnp.asarray(targets), chunk=24)
     full = _forward_sums(*nnx.split(model), inputs, jnp.asarray(targets))
-    assert {k: float(v) for k, v in stepped.items()} == {
+    assert {k: float(stepped[k]) for k in SCALAR_SUMS} == {
         "correct": 7,
         "labels": 8,
         "exact": 1,
@@ -192,6 +193,8 @@ def test_a_scan_of_decode_steps_with_a_short_last_step_equals_the_forward():
         **{"nll": pytest.approx(float(full["nll"]), rel=1e-5)},
     }
     assert all(float(stepped[k]) == float(full[k]) for k in ("correct", "labels", "exact", "rows"))
+    np.testing.assert_array_equal(stepped["labels_T"], full["labels_T"])  # per position, every step in its place
+    np.testing.assert_allclose(stepped["nll_T"], full["nll_T"], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="chunk must be an int >= 1"):
         decode_sums(model, inputs, jnp.asarray(targets), chunk=0)
 
