@@ -55,7 +55,8 @@ def headline_section(speed: dict | None, res: Results | None) -> list[str]:
     if not speed:
         first = next(iter(res.tasks))
         kinds = {m: res.layer_kinds(first, m) for m in models}
-    named = {m: res.layers(next(iter(res.tasks)), m) for m in models} if res else {}  # with each kind's recipe
+    # each model with its layers' recipe, from the first task it trained on
+    named = {m: next((res.layers(t, m) for t in res.tasks if res.summary(t, m)), "?") for m in models} if res else {}
     header, cells = ["model (layers)"], {m: [label(m, named.get(m) or kinds.get(m, "?"))] for m in models}
     if speed:
         out = speed["results"]
