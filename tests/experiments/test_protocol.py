@@ -321,14 +321,14 @@ def test_collect_and_report(tiny, tmp_path):
     write_report(data, tmp_path / "REPORT.md", op_speed=None)
     text = (tmp_path / "REPORT.md").read_text()
     assert "No training-loss curve" not in text
-    assert "| softmax (AA) |" in text and "not run: time on this machine" in text
+    assert "| softmax (AA, RoPE) |" in text and "not run: time on this machine" in text  # with its recipe
     assert "### mqar: trained at T=64" in text and "### mqar_t32: trained at T=32" in text
-    assert "| softmax_kv4 (AA, KV 4-bit) |" in text[text.index("### mqar_t32") :]
+    assert "| softmax_kv4 (AA, RoPE, KV 4-bit) |" in text[text.index("### mqar_t32") :]
     assert (
-        "| power_state_fp8 (PP, state fp8) |"
+        "| power_state_fp8 (PP, no RoPE, degree 2, state fp8) |"
         in text[text.index("### mqar: trained") : text.index("### mqar_t32: trained")]
     )
     assert "power_state_fp8" not in TINY.task_entries("mqar_t32")  # its base is left out there
-    assert "| mamba2 (MM) |" in text
+    assert "| mamba2 (MM, long decay init) |" in text
     by_length = quality["tasks"]["mqar"]["cache_bytes_by_length"]
     assert by_length["power_state_fp8"]["64"] < by_length["power"]["64"] / 2  # rows of 8: 8 + 4 bytes, not 32
