@@ -83,8 +83,8 @@ def task_figure(res: Results, task: str, lengths: list[int], name: str) -> Figur
         if cells:
             xs, mid = [L for L, _ in cells], [c.mean for _, c in cells]
             err = [[c.below for _, c in cells], [c.above for _, c in cells]]
-            name = label(entry, res.layers(task, entry))
-            ax.errorbar(xs, mid, yerr=err, fmt="o", capsize=3, **line_style(entry), label=name)
+            model = label(entry, res.layers(task, entry))
+            ax.errorbar(xs, mid, yerr=err, fmt="o", capsize=3, **line_style(entry), label=model)
     if t["num_kv_pairs"]:
         ax.axhline(1 / t["num_kv_pairs"], color="gray", ls="--", lw=1, label=f"1/pairs = 1/{t['num_kv_pairs']}")
         ax.axhline(2 / t["vocab_size"], color="k", ls=":", lw=1, label=f"chance (1 of {t['vocab_size'] // 2} values)")

@@ -377,3 +377,12 @@ def test_a_model_is_named_with_each_kinds_recipe_as_its_layers_are_built():
     assert Results({**quality, "runs": [run]}).layers("t", "power") == "PP"  # no resolved model kept: kinds alone
     kept = Results({**quality, "runs": [{**run, "model": {**hybrid, "pattern": "P"}}]})
     assert kept.layers("t", "power") == "PP, no RoPE, degree 4"
+
+
+def test_the_quality_figure_names_its_metric_and_each_model(tmp_path, figures):
+    """quality_<task>.png: the y axis is the task's test metric, the legend each headline model with its layers."""
+    (tmp_path / "quality.json").write_text(json.dumps(fake_quality(tmp_path / "runs")))
+    write_report(tmp_path, tmp_path / "REPORT.md", op_speed=None)
+    ax = figures["quality_mqar.png"].axes[0]
+    assert ax.get_ylabel() == "accuracy"
+    assert {"softmax (AA)", "power (PP)"} <= {text.get_text() for text in ax.get_legend().get_texts()}
