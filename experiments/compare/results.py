@@ -161,11 +161,11 @@ class Results:
 
 
 def recipe_text(model: dict, kinds: str) -> str:
-    """Each kind's recipe fields (the registry's `recipe`) in a run's resolved model section, as its layers are built
-    (`LMConfig.for_kind`): "no RoPE, degree 2" for one kind, "P: no RoPE, degree 2 / A: RoPE" for several.
+    """`config_recipe_text` of a run's resolved model section.
 
     Args:
-        model: a run's resolved model section (quality.json's run `model`).
+        model: a run's resolved model section (quality.json's run `model`); without `layers` (made before per-layer
+            settings) every layer is on the globals.
         kinds: the layer letters of the model (each kind named once, in order).
 
     Returns:
@@ -173,7 +173,20 @@ def recipe_text(model: dict, kinds: str) -> str:
     """
     fields = {f.name for f in dataclasses.fields(LMConfig)}
     settings = {"layers": {}, **{k: v for k, v in model.items() if k in fields and k != "vocab_size"}}
-    config = LMConfig(**settings, vocab_size=256)  # a section without `layers` put every layer on the globals
+    return config_recipe_text(LMConfig(**settings, vocab_size=256), kinds)
+
+
+def config_recipe_text(config: LMConfig, kinds: str) -> str:
+    """Each kind's recipe fields (the registry's `recipe`) as its layers are built (`LMConfig.for_kind`): "no RoPE,
+    degree 2" for one kind, "P: no RoPE, degree 2 / A: RoPE" for several.
+
+    Args:
+        config: the model's LMConfig.
+        kinds: the layer letters of the model (each kind named once, in order).
+
+    Returns:
+        The kinds' recipes, joined by " / ".
+    """
     parts = []
     for letter in dict.fromkeys(kinds):
         kind = config.for_kind(letter)

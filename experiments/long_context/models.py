@@ -12,6 +12,7 @@ import dataclasses
 
 from flax import nnx
 
+from experiments.compare.results import config_recipe_text
 from experiments.plotting import label
 from retention.data.tokenizer import ByteTokenizer, HFTokenizer
 from retention.load import read_run, run_tokenizer
@@ -44,8 +45,10 @@ class Trained:
 
     @property
     def label(self) -> str:
-        """The row's label: the name with the layers' mixers, and the RoPE scaling when not as trained."""
-        text = label(self.name, self.model.config.layer_kinds)
+        """The row's label: the name with the layers' mixers and their recipe, and the RoPE scaling when not as
+        trained."""
+        kinds = self.model.config.layer_kinds
+        text = label(self.name, f"{kinds}, {config_recipe_text(self.model.config, kinds)}")
         return text if self.rope == AS_TRAINED else f"{text}, RoPE {self.rope}"
 
     def text_tokenizer(self) -> ByteTokenizer | HFTokenizer:

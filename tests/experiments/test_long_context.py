@@ -19,18 +19,12 @@ from experiments.long_context.models import AS_TRAINED, Trained, rope_variants
 from experiments.long_context.recall import rows_and_batch
 from retention.nn import LM, LMConfig
 from retention.train.config import register_configs
-from tests.train.common import compose_config
+from tests.train.common import TINY_MODEL, compose_config
 
 pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
 
 TINY = [
-    "model.target_params=null",
-    "model.n_layers=2",
-    "model.d_model=16",
-    "model.n_heads=2",
-    "model.n_kv_heads=2",
-    "model.head_dim=8",
-    "model.chunk_size=16",
+    *TINY_MODEL,
     "data.seq_len=64",
     "data.batch_size=2",
     "optim.warmup_steps=1",
@@ -78,7 +72,7 @@ def test_text_reads_the_recorded_documents_by_position(runs, tmp_path):
         assert row["path"] == "forward" and row["forward_bytes"] > 0 and row["cache_bytes"] > 0
         assert row["trained_length"] == 64 and math.isfinite(row["bits_per_byte"])
     page = out.with_suffix(".md").read_text()
-    assert "| softmax (AA), RoPE llama3 | 64 |" in page and docs["chosen"][0]["sha256"] in page
+    assert "| softmax (AA, RoPE), RoPE llama3 | 64 |" in page and docs["chosen"][0]["sha256"] in page
     assert out.with_suffix(".png").stat().st_size > 10_000
     carried = tmp_path / "carry.json"
     args = ["text", runs["text_softmax"], "--length", "512", "--docs", "2", "--rope", "--path", "carry"]

@@ -17,9 +17,7 @@ from retention.configs import CONFIG_DIR
 from retention.train import Config, register_configs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = [
-    "model=hybrid",
-    "model.pattern=PA",
+TINY_MODEL = [  # the tests' smallest model of any pattern: its sizes, after the model group
     "model.target_params=null",
     "model.n_layers=2",
     "model.d_model=16",
@@ -27,6 +25,11 @@ TINY = [
     "model.n_kv_heads=2",
     "model.head_dim=8",
     "model.chunk_size=16",
+]
+TINY = [
+    "model=hybrid",
+    "model.pattern=PA",
+    *TINY_MODEL,
     "data.seq_len=16",
     "data.batch_size=4",
     "data.vocab_size=24",
