@@ -175,26 +175,34 @@ EXPERIMENT_HELPERS = {"experiments.formatting", "experiments.timing", "experimen
 
 def _experiment_layers() -> tuple[dict[str, int], dict[str, list[str]]]:
     """(each experiments module's layer, its imports): 0 the shared helpers, 1 the benchmarks, 2 the comparison
-    (compare/), 3 the scripts that build on the comparison."""
+    (compare/), 3 the scripts that build on the comparison, directly or through another such script."""
     modules = {}
     for path in _sources("experiments"):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         modules[name] = [n for n in _imports(path) if n.startswith("experiments")]
-    layer = lambda name, imports: (
+    in_compare = lambda name: name.startswith("experiments.compare")
+    on_compare: set[str] = set()  # grows until every module that reads compare, directly or not, is in it
+    builds_on_compare = lambda imports: any(in_compare(n) or n in on_compare for n in imports)
+    while grown := {
+        n for n, imports in modules.items() if not in_compare(n) and n not in on_compare and builds_on_compare(imports)
+    }:
+        on_compare |= grown
+    layer = lambda name: (
         0
         if name in EXPERIMENT_HELPERS or name == "experiments"
         else 2
-        if name.startswith("experiments.compare")
+        if in_compare(name)
         else 3
-        if any(n.startswith("experiments.compare") for n in imports)
+        if name in on_compare
         else 1
     )
-    return {name: layer(name, imports) for name, imports in modules.items()}, modules
+    return {name: layer(name) for name in modules}, modules
 
 
 def test_experiments_run_downhill():
     layers, modules = _experiment_layers()
     assert layers["experiments.compare.report"] == 2  # the report lives inside the comparison
+    assert layers["experiments.long_context.position"] == 3  # through long_context.models, which reads compare
     uphill = [
         f"{name} imports {n}"
         for name, imports in modules.items()
