@@ -7,6 +7,10 @@ backend; the subprocesses the tests start (8-device files, trainer runs) inherit
 
 import gc
 import os
+from pathlib import Path
+
+import pytest
+from _pytest.mark.expression import Expression  # pytest's own parser of -m (pytest is held below 9 in pyproject)
 
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_backend_optimization_level" not in _flags:
@@ -55,11 +59,39 @@ def pytest_collection_finish(session):
     gc.set_threshold(10_000, 10, 50)
 
 
+# Folders whose every test is an integration test: they import lm-eval (tests/eval) and torch with transformers'
+# models (tests/hf), which the `test` extra (make test) does not install.
+INTEGRATION_ONLY = tuple(Path(__file__).parent / name for name in ("eval", "hf"))
+
+
+def _selects_integration(config) -> bool:
+    """Whether the run's -m selects a test marked integration, or integration and slow (no -m selects all)."""
+    markexpr = config.getoption("markexpr")
+    if not markexpr:
+        return True
+    expression = Expression.compile(markexpr)
+    has = lambda marks: lambda name, **_: name in marks
+    return expression.evaluate(has({"integration"})) or expression.evaluate(has({"integration", "slow"}))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """A run that leaves the integration tests out (make test) does not import INTEGRATION_ONLY's folders, so it runs
+    without their libraries; it would deselect all of their tests anyway."""
+    if collection_path in INTEGRATION_ONLY and not _selects_integration(config):
+        return True
+    return None
+
+
 RUN_FIRST = ("tests/parallel/test_eight_devices.py", "tests/experiments/test_protocol.py")
 
 
 def pytest_collection_modifyitems(items):
     """The longest tests (the 8-device subprocess, the tiny comparison) first, so that two xdist workers do not
-    end the run with one of them alone on a long test; the rest keep their order."""
+    end the run with one of them alone on a long test; the rest keep their order. A test of INTEGRATION_ONLY's folders
+    not marked integration stops the run."""
     rank = lambda item: next((i for i, path in enumerate(RUN_FIRST) if item.nodeid.startswith(path)), len(RUN_FIRST))
     items.sort(key=rank)
+    for item in items:
+        in_folder = any(item.path.is_relative_to(folder) for folder in INTEGRATION_ONLY)
+        if in_folder and not item.get_closest_marker("integration"):
+            raise pytest.UsageError(f"{item.nodeid}: its folder holds integration tests only: mark it integration")

@@ -9,6 +9,8 @@ from retention.hf import load_hf
 from retention.train.init_from import check_source, load_source
 from tests.hf.common import save_tiny
 
+pytestmark = pytest.mark.integration  # its checkpoint is built by transformers on torch: make test-integration
+
 
 def test_init_from_reads_a_hugging_face_folder(tmp_path):
     save_tiny(tmp_path, "Qwen2ForCausalLM")

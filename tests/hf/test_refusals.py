@@ -14,6 +14,8 @@ from safetensors.numpy import load_file, save_file
 from retention.hf import load_hf
 from tests.hf.common import save_tiny
 
+pytestmark = pytest.mark.integration  # its checkpoints are built by transformers on torch: make test-integration
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
