@@ -114,7 +114,15 @@ DATA_SCHEMAS = {task: _data_schema(task) for task in TASKS}
 
 @dataclass
 class OptimConfig:
-    """AdamW with a warmup-cosine learning rate (to lr * min_lr_ratio) and global-norm clipping."""
+    """AdamW with a warmup-cosine learning rate (to lr * min_lr_ratio) and global-norm clipping.
+
+    accumulate: N >= 1 micro-batches (of data.batch_size rows) per optimizer step, their gradients averaged
+    (optax.MultiSteps): the step one batch of N * data.batch_size rows makes, where each micro-batch holds as many
+    labelled targets. trainer.steps, warmup_steps and the trainer's other step counts (log_every, eval_every,
+    ckpt_every, early_stop.min_step) count micro-steps, one batch each, so the data seen and the learning rate
+    against it do not depend on N: a run makes trainer.steps / N optimizer steps (trainer.steps must be a multiple
+    of N), each at the schedule's rate at the first micro-step of its N; checkpoints may fall between them (the
+    state holds the gradients summed so far)."""
 
     name: str = "adamw"
     lr: float = 3e-3
@@ -125,6 +133,7 @@ class OptimConfig:
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
     clip_norm: float = 1.0
+    accumulate: int = 1
 
 
 @dataclass
@@ -284,6 +293,12 @@ def check_optim_trainer(optim: OptimConfig, trainer: TrainerConfig) -> None:
         check_int(f"trainer.{key}", getattr(trainer, key))
     check_int("trainer.eval_every", trainer.eval_every, low=0)
     check_number("trainer.peak_flops", trainer.peak_flops, low=1)
+    check_int("optim.accumulate", optim.accumulate)
+    if trainer.steps % optim.accumulate:
+        raise ValueError(
+            f"trainer.steps must be a multiple of optim.accumulate={optim.accumulate} (it counts micro-batches, "
+            f"{optim.accumulate} to an optimizer step), got {trainer.steps}"
+        )
     if not 0 <= optim.warmup_steps < trainer.steps:
         raise ValueError(f"optim.warmup_steps must be in [0, trainer.steps={trainer.steps}), got {optim.warmup_steps}")
     if not trainer.eval_scales:

@@ -45,6 +45,7 @@ def run_hparams(cfg: Config, lm: LMConfig, n_params: int, overrides: dict | None
         "optim.lr": cfg.optim.lr,
         "optim.weight_decay": cfg.optim.weight_decay,
         "optim.warmup_steps": cfg.optim.warmup_steps,
+        "optim.accumulate": cfg.optim.accumulate,
         "trainer.steps": cfg.trainer.steps,
         "trainer.early_stop.patience": cfg.trainer.early_stop.patience,
         "seed": cfg.seed,

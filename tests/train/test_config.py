@@ -93,6 +93,8 @@ def test_wrong_type_stops_at_start(override):
         (["model.dtype=fp8"], "model.dtype must be one of"),
         (["optim.warmup_steps=2000"], "optim.warmup_steps must be in \\[0, trainer.steps=1000\\), got 2000"),
         (["optim.lr=0"], "optim.lr must be a finite number in \\(0, inf\\), got 0"),
+        (["optim.accumulate=0"], "optim.accumulate must be an int >= 1, got 0"),
+        (["optim.accumulate=3"], r"trainer.steps must be a multiple of optim.accumulate=3 \(it counts micro-batches"),
         (["trainer.ckpt_every=0"], "trainer.ckpt_every must be an int >= 1, got 0"),
         (["data=passkey", "data.depths=[0.5,1.5]"], r"data.depths\[i\] must be a finite number in \[0, 1\], got 1.5"),
         (["model.retention_impl=cudnn"], "model.retention_impl must be one of \\('auto', 'xla', 'pallas', 'ref"),
