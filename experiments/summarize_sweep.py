@@ -1,7 +1,7 @@
 """Print one table for a sweep folder: every run's summary.json (written by train.py) as a row, then the
 TensorBoard command for the whole sweep.
 
-    python -m experiments.summarize_sweep multirun/2026-01-01_12-00-00
+    python -m experiments.summarize_sweep multirun/2026-01-01_12-00-00 [--csv sweep.csv] [--json sweep.json]
 
 Rows in job order (job 2 before job 10). Columns: `job`; the swept keys, each key whose command-line value
 (the run's .hydra/overrides.yaml) differs between runs, named by its last part (`min_gap`, `seq_len`, `lr`);
@@ -9,6 +9,11 @@ Rows in job order (job 2 before job 10). Columns: `job`; the swept keys, each ke
 `loss@T` (eval loss at T); `acc@T`, `acc@4T`, ...: accuracy on the labelled positions at each eval length as a
 multiple of the row's own T ("-" where the run was not evaluated there); `tokens/s` (median training
 throughput); `cache@64k`: decode-cache bytes per sequence at trainer.cache_len tokens (65536 by default).
+
+--csv and --json also write the table's values unformatted (pandas' to_csv, and to_json as a list of records):
+the swept keys by their full names (`data.seq_len`), the command line's text of each (empty or null where a run
+did not set it), numbers as numbers, empty or null where a run was not evaluated or measured, and
+`cache_bytes@65536` in bytes.
 """
 
 import argparse
@@ -16,6 +21,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 from omegaconf import OmegaConf
 
 from experiments.formatting import human_bytes, tokens
@@ -74,31 +80,44 @@ def cache_len(summary: dict) -> int:
     return max(int(L) for L in summary["cache_bytes"])
 
 
-def table(summaries: list[dict]) -> str:
-    """The sweep's table, one row per run."""
+def frame(summaries: list[dict]) -> pd.DataFrame:
+    """One row per run, the table's columns with their values unformatted (the swept keys by full name; None where
+    a run did not set a swept key, was not evaluated at a length or has no throughput)."""
     swept = swept_keys(summaries)
     scales = sorted({s for summary in summaries for s in eval_scales(summary)})
-    header = ["job", *(k.rsplit(".", 1)[-1] for k in swept), "model", "layers", "params", "T", "steps", "loss@T"]
-    header += [*map(scale_label, scales), "tokens/s", f"cache@{tokens(cache_len(summaries[0]))}"]
-    rows = [header]
+    rows = []
     for s in summaries:
         lengths = eval_scales(s)
-        accuracy = [f"{s['eval'][lengths[k]]['accuracy']:.3f}" if k in lengths else "-" for k in scales]
         rows.append(
-            [
-                s["job"],
-                *(s["overrides"].get(k, "-") for k in swept),
-                s["model"],
-                s["layer_kinds"],
-                f"{s['params']:,}",
-                str(s["seq_len"]),
-                str(s["steps"]),
-                f"{s['final_loss']:.3f}",
-                *accuracy,
-                "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:,.0f}",
-                human_bytes(s["cache_bytes"][str(cache_len(s))]),
-            ]
+            {
+                "job": s["job"],
+                **{k: s["overrides"].get(k) for k in swept},
+                "model": s["model"],
+                "layers": s["layer_kinds"],
+                "params": s["params"],
+                "T": s["seq_len"],
+                "steps": s["steps"],
+                "loss@T": s["final_loss"],
+                **{scale_label(k): s["eval"][lengths[k]]["accuracy"] if k in lengths else None for k in scales},
+                "tokens/s": s["tokens_per_s"],
+                f"cache_bytes@{cache_len(summaries[0])}": s["cache_bytes"][str(cache_len(s))],
+            }
         )
+    return pd.DataFrame(rows, columns=list(rows[0]))
+
+
+def table(summaries: list[dict]) -> str:
+    """The sweep's table, one row per run: `frame`'s values formatted, the swept keys by their last part."""
+    df, swept = frame(summaries), swept_keys(summaries)
+    text = lambda v: "-" if v is None or pd.isna(v) else str(v)
+    number = lambda spec: lambda v: "-" if pd.isna(v) else format(v, spec)
+    formats = {k: text for k in ("job", *swept, "model", "layers", "T", "steps")}
+    formats |= {"params": number(","), "loss@T": number(".3f"), "tokens/s": number(",.0f")}
+    formats |= {c: number(".3f") for c in df.columns if c.startswith("acc@")}
+    formats[df.columns[-1]] = human_bytes
+    header = ["job", *(k.rsplit(".", 1)[-1] for k in swept), *df.columns[1 + len(swept) : -1]]
+    header.append(f"cache@{tokens(cache_len(summaries[0]))}")
+    rows = [header, *([formats[c](v) for c, v in row.items()] for row in df.to_dict("records"))]
     text_columns = 3 + len(swept)  # job, the swept keys, model, layers: left-aligned
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = [
@@ -112,11 +131,17 @@ def table(summaries: list[dict]) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", help="a Hydra sweep folder (hydra.sweep.dir)")
+    parser.add_argument("--csv", metavar="PATH", help="also write the values as CSV to PATH")
+    parser.add_argument("--json", metavar="PATH", help="also write the values as JSON (a list of records) to PATH")
     args = parser.parse_args()
     summaries = load(args.sweep_dir)
     if not summaries:
         raise SystemExit(f"no summary.json under {args.sweep_dir!r}: did the runs finish?")
     print(table(summaries))
+    if args.csv:
+        frame(summaries).to_csv(args.csv, index=False)
+    if args.json:
+        frame(summaries).to_json(args.json, orient="records", indent=2)
     print(f"\nTensorBoard for the sweep: tensorboard --logdir {args.sweep_dir}")
 
 

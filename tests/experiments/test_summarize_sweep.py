@@ -1,8 +1,11 @@
 """The sweep table of `make demo` (experiments/summarize_sweep.py): one row per run's summary.json in job order,
 the swept keys as columns, each row's accuracies at multiples of its own training length, and the layers the
-trainer actually built."""
+trainer actually built; --csv and --json write the same rows' values unformatted."""
 
+import csv
 import json
+import subprocess
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -11,6 +14,7 @@ from experiments.compare.models import compose_config, entry_overrides
 from experiments.compare.presets import SMOKE
 from experiments.summarize_sweep import load, table
 from retention.train import train
+from tests.train.common import ROOT
 
 pytestmark = pytest.mark.integration  # the experiments over the library: make test-integration
 
@@ -28,21 +32,52 @@ def write_run(folder, summary: dict, overrides: list[str]) -> None:
     OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
 
 
+def write_sweep(folder) -> None:
+    """Jobs 2 and 10 (they sort as numbers); seq_len and lr differ between the runs (swept), the model and the shared
+    key do not; job 10 was evaluated at T and 4T, job 2 at T alone, and job 2 has no throughput."""
+    runs = {
+        "10_softmax": (summary("softmax", "AA", 32, {32: 0.25, 128: 0.125}), ["data.seq_len=32", "optim.lr=1e-3"]),
+        "2_hybrid": (
+            summary("hybrid", "PA", 64, {64: 1.0}) | {"tokens_per_s": None},
+            ["data.seq_len=64", "optim.lr=3e-3"],
+        ),
+    }
+    for name, (s, swept) in runs.items():
+        write_run(folder / name, s, [f"model={s['model']}", "trainer.steps=7", *swept, "hydra.job.num=0"])
+
+
 def test_rows_in_job_order_with_swept_keys_and_lengths_per_row(tmp_path):
     """Jobs 2 and 10 sort as numbers; seq_len and lr differ between the runs (swept: a column each), the model and
     the shared key do not; each row's acc@T and acc@4T are at its own lengths, "-" where it was not evaluated."""
-    runs = {
-        "10_softmax": (summary("softmax", "AA", 32, {32: 0.25, 128: 0.125}), ["data.seq_len=32", "optim.lr=1e-3"]),
-        "2_hybrid": (summary("hybrid", "PA", 64, {64: 1.0}), ["data.seq_len=64", "optim.lr=3e-3"]),
-    }
-    for name, (s, swept) in runs.items():
-        write_run(tmp_path / name, s, [f"model={s['model']}", "trainer.steps=7", *swept, "hydra.job.num=0"])
+    write_sweep(tmp_path)
     lines = table(load(str(tmp_path))).splitlines()
     header = "job seq_len lr model layers params T steps loss@T acc@T acc@4T tokens/s cache@64k"
     assert lines[0].split() == header.split()
     assert set(lines[1]) == {"-"}
-    assert lines[2].split() == "2_hybrid 64 3e-3 hybrid PA 123,456 64 7 1.500 1.000 - 98,765 3.0 MiB".split()
+    assert lines[2].split() == "2_hybrid 64 3e-3 hybrid PA 123,456 64 7 1.500 1.000 - - 3.0 MiB".split()
     assert lines[3].split() == "10_softmax 32 1e-3 softmax AA 123,456 32 7 1.500 0.250 0.125 98,765 3.0 MiB".split()
+
+
+COLUMNS = "job data.seq_len optim.lr model layers params T steps loss@T acc@T acc@4T tokens/s cache_bytes@65536"
+ROWS = [  # write_sweep's runs, by hand: None where a run was not evaluated or measured
+    ["2_hybrid", "64", "3e-3", "hybrid", "PA", 123456, 64, 7, 1.5, 1.0, None, None, 3 * 2**20],
+    ["10_softmax", "32", "1e-3", "softmax", "AA", 123456, 32, 7, 1.5, 0.25, 0.125, 98765.4, 3 * 2**20],
+]
+
+
+def test_csv_and_json_hold_the_rows_values(tmp_path):
+    write_sweep(tmp_path / "sweep")
+    command = [sys.executable, "-m", "experiments.summarize_sweep", tmp_path / "sweep"]
+    command += ["--csv", tmp_path / "t.csv", "--json", tmp_path / "t.json"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[0].split()[:3] == ["job", "seq_len", "lr"]  # the table still prints
+    records = json.loads((tmp_path / "t.json").read_text())
+    assert [list(r) for r in records] == [COLUMNS.split()] * 2
+    assert [list(r.values()) for r in records] == ROWS
+    with open(tmp_path / "t.csv", newline="") as f:
+        header, *rows = list(csv.reader(f))
+    assert header == COLUMNS.split()
+    assert rows == [["" if v is None else str(v) for v in row] for row in ROWS]
 
 
 def test_a_run_without_overrides_has_no_swept_columns(tmp_path):
