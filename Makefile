@@ -10,15 +10,18 @@
 # make test-all: the whole suite, slow tests included.
 # The set-up installs the project editable with its `train` and `test` extras, at the versions in constraints.txt.
 # make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).
+# make docs: the documentation site (docs/ and the API reference from the docstrings) built by mkdocs in strict
+#            mode into site/; the set-up adds the `docs` extra (CI runs it after make test).
 # make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (python -m experiments.compare.run).
 PYTHON ?= $(shell tools/find-python.sh)
 VENV := .venv
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 SWEEP := multirun/demo-$(shell date +%Y-%m-%d_%H-%M-%S)
 
 PRESET ?= cpu
 
-.PHONY: demo test test-integration test-all lint compare clean
+.PHONY: demo test test-integration test-all lint docs compare clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install one or pass PYTHON=/path/to/python3.12" >&2; exit 1; }
@@ -44,8 +47,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+$(DOCS_STAMP): $(STAMP)
+	$(VENV)/bin/python -m pip install --quiet -c constraints.txt -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/python -m mkdocs build --strict --site-dir site
+
 compare: $(STAMP)
 	$(VENV)/bin/python -m experiments.compare.run --preset $(PRESET)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site
