@@ -14,6 +14,8 @@
 # make lock: regenerate requirements.lock from pyproject.toml (uv pip compile, keeping the locked versions that
 #            still fit; `make lock UPGRADE=--upgrade` takes the newest). make lock-check: fail where it is stale.
 # make lint: ruff's linter and its formatter's check over the tree (settings in pyproject.toml).
+# make docs: the documentation site (docs/ and the API reference from the docstrings) built by mkdocs in strict
+#            mode into site/; the set-up adds the `docs` extra (CI runs it after make test).
 # make compare PRESET=cpu|gpu: the speed/memory/quality comparison and its report (python -m experiments.compare.run).
 PYTHON ?= $(shell tools/find-python.sh)
 VENV := .venv
@@ -24,11 +26,11 @@ SWEEP := multirun/demo-$(shell date +%Y-%m-%d_%H-%M-%S)
 
 PRESET ?= cpu
 UPGRADE ?=
-# The lock: every extra the tests use, resolved for the machines CI and the demo run on.
-COMPILE := $(VENV)/bin/uv pip compile --quiet pyproject.toml --extra integration --python-version 3.12 \
+# The lock: every extra the tests and the docs use, resolved for the machines CI and the demo run on.
+COMPILE := $(VENV)/bin/uv pip compile --quiet pyproject.toml --extra integration --extra docs --python-version 3.12 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command "make lock"
 
-.PHONY: demo test test-integration test-all lint compare lock lock-check clean
+.PHONY: demo test test-integration test-all lint docs compare lock lock-check clean
 
 $(VENV)/.base:
 	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; install one or pass PYTHON=/path/to/python3.12" >&2; exit 1; }
@@ -68,6 +70,13 @@ lint: $(VENV)/.test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+$(VENV)/.docs: $(VENV)/.base pyproject.toml $(LOCK)
+	$(INSTALL) '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs
+	$(VENV)/bin/python -m mkdocs build --strict --site-dir site
+
 compare: $(VENV)/.train
 	$(VENV)/bin/python -m experiments.compare.run --preset $(PRESET)
 
@@ -82,4 +91,4 @@ lock-check: $(VENV)/bin/uv
 	@diff -u $(LOCK) $(VENV)/lock-check.txt || { echo "error: $(LOCK) is stale against pyproject.toml: run make lock and commit it" >&2; exit 1; }
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

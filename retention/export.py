@@ -89,9 +89,17 @@ def _hf_tokenizer(record: dict, tokenizer) -> tuple | None:
 
 
 def export_run(run_dir: str, out: str, step: int | None = None) -> str:
-    """Write the parameters of `run_dir`'s checkpoint `step` (None: the newest intact one), its config, record and
-    tokenizer (with transformers' tokenizer and generation files) to `out`, replacing an export there in one
-    rename; returns out."""
+    """Export a run whole (the module docstring): its weights, an HF-style config.json, its record and tokenizer
+    (with transformers' tokenizer and generation files), replacing an export at `out` in one rename.
+
+    Args:
+        run_dir: the train.py run folder.
+        out: a folder of its own: not a run folder, a symbolic link or a folder holding other files.
+        step: the checkpoint's step; None: the newest intact one.
+
+    Returns:
+        out.
+    """
     check_out(run_dir, out)
     loaded = read_run(run_dir, step)
     tokenizer = run_tokenizer(run_dir, loaded.record)  # checked against the record's fingerprint

@@ -27,10 +27,15 @@ from retention.validation import check_choice, check_int
 
 
 class Generated(NamedTuple):
-    """What `generate` returns."""
+    """What `generate` returns.
 
-    tokens: Int[Array, "B T0+N"]  # each prompt row then its continuation; eos_id after a row's first eos
-    lengths: Int[Array, " B"]  # T0 + the tokens each row generated up to and including its first eos (T0 + N: none)
+    Attributes:
+        tokens: each prompt row then its continuation [B, T0 + N]; eos_id after a row's first eos.
+        lengths: T0 + the tokens each row generated up to and including its first eos [B] (T0 + N: none).
+    """
+
+    tokens: Int[Array, "B T0+N"]
+    lengths: Int[Array, " B"]
 
 
 def generate(
@@ -46,23 +51,42 @@ def generate(
     start=None,
     state_format=None,
 ) -> Generated:
-    """Continue each prompt row by up to max_new_tokens tokens: (tokens [B, T0 + N], lengths [B]).
+    """Continue each prompt row by up to max_new_tokens tokens.
 
-    prompt_lengths [B] (1 <= length <= T0): ragged prompts, left-padded (row b's prompt is its last
-    prompt_lengths[b] tokens; the padding's values are ignored and returned as given); each row continues as its
-    prompt alone would. Prompt ids must be in [0, vocab_size) (checked when the prompt's values are known).
-    temperature 0 is greedy (argmax) and needs no `key`; otherwise tokens are drawn with `key`, from the top_k
-    most likely tokens when given. With `eos_id`, a row stops at its first generated eos_id: the positions after
-    it hold eos_id and `lengths` says where each row stopped; the loop ends when every row has. The prefill and
-    the whole token loop (a lax.while_loop of decode steps) run in one compiled function, with no host round trip
-    per token.
+    The prefill and the whole token loop (a lax.while_loop of decode steps) run in one compiled function, with no
+    host round trip per token.
 
-    start: a Snapshot (retention.prefill) to continue from; prompt_BT is then a suffix [B, n >= 0] run into it
-    (prompt_lengths None), tokens holds the suffix and its continuation, and each row continues as the snapshot's
-    prompt followed by the suffix would (greedy: token for token; sampled: with the same key, the same draws).
+    ```python
+    out = retention.generate(model, prompt_BT, 64, temperature=0.8, top_k=50, key=jax.random.key(0), eos_id=0)
+    out.tokens[b, : out.lengths[b]]  # row b: its prompt and what it generated
+    ```
 
-    state_format (8, 4 or "fp8"; None: float32): the recurrent states re-quantized per row after the prompt and
-    after every decode step (`retention.serve.quantized_state.round_trip_states`), as a state stored quantized.
+    Args:
+        model: the LM.
+        prompt_BT: the prompts [B, T0]; ids in [0, vocab_size) (checked when the prompt's values are known). With
+            `start`, a suffix [B, n >= 0] run into the snapshot.
+        max_new_tokens: N, the most tokens each row generates.
+        prompt_lengths: ragged prompts [B] (1 <= length <= T0), left-padded: row b's prompt is its last
+            prompt_lengths[b] tokens (the padding's values are ignored and returned as given); each row continues as
+            its prompt alone would. None with `start`.
+        temperature: 0 is greedy (argmax) and needs no `key`; otherwise tokens are drawn with `key`.
+        top_k: draw from the top_k most likely tokens; None: all.
+        key: the sampling key.
+        eos_id: a row stops at its first generated eos_id: the positions after it hold eos_id and `lengths` says where
+            each row stopped; the loop ends when every row has.
+        start (Snapshot | None): a snapshot (retention.prefill) to continue from; tokens then holds the suffix and its
+            continuation, and each row continues as the snapshot's prompt followed by the suffix would (greedy: token
+            for token; sampled: with the same key, the same draws).
+        state_format (int | str | None): 8, 4 or "fp8": the recurrent states re-quantized per row after the prompt and
+            after every decode step (`retention.serve.quantized_state.round_trip_states`), as a state stored
+            quantized; None: float32.
+
+    Returns:
+        The tokens [B, T0 + N] and each row's length [B].
+
+    Raises:
+        ValueError: an empty prompt, ids or eos_id outside [0, vocab_size), a negative or non-finite temperature,
+            top_k outside [1, vocab_size], or a snapshot of another model.
     """
     check_int("max_new_tokens", max_new_tokens)
     vocab = model.config.vocab_size

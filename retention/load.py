@@ -47,7 +47,13 @@ class LoadedRun(NamedTuple):
 
 
 class Run(NamedTuple):
-    """What `load_run` returns: the trained model, the run's Config, the run's tokenizer (None without one)."""
+    """What `load_run` returns.
+
+    Attributes:
+        model: the trained LM.
+        config: the run's Config (retention/train/config.py).
+        tokenizer: the run's tokenizer; None for the bytes tokenizer or a synthetic task.
+    """
 
     model: LM
     config: Config
@@ -221,14 +227,32 @@ def read_run(run_dir: str, step: int | None = None, *, mesh: Mesh | None = None)
 def load_run(
     run_dir: str, step: int | None = None, *, mesh: Mesh | None = None, scan_layers: bool | None = None
 ) -> Run:
-    """Run(the trained LM, the run's Config, the run's tokenizer or None) from a train.py run folder or an export
+    """The trained model, the run's config and its tokenizer, from a train.py run folder or an export
     (`python -m retention.export`).
 
-    Only the parameters are read (not the optimizer state), each checked against its checkpoint checksum; they
-    are placed on the default device, or FSDP-sharded over `mesh` (default: the mesh of jax.set_mesh, if set).
-    `step`: a checkpoint's step; None takes the newest intact one (a damaged one is skipped with a warning).
-    `scan_layers`: None keeps the form the run trained; True or False converts the parameters to the scanned or
-    unscanned form (`retention.nn.model.convert_layers`); the model's config says which, the Config the run's.
+    Only the parameters are read (not the optimizer state), each checked against its checkpoint checksum; they are
+    placed on the default device, or FSDP-sharded over `mesh`.
+
+    ```python
+    model, cfg, tokenizer = retention.load_run("outputs/text/hybrid/2026-01-01_12-00-00")
+    ```
+
+    Args:
+        run_dir: the run or export folder. A run folder (run.json or checkpoints/ there) is read from its checkpoints
+            whatever else it holds.
+        step: a checkpoint's step; None takes the newest intact one (a damaged one is skipped with a warning).
+        mesh: shard the parameters over this mesh; None: the mesh of jax.set_mesh, if set.
+        scan_layers: None keeps the form the run trained; True or False converts the parameters to the scanned or
+            unscanned form (`retention.nn.model.convert_layers`); the model's config says which, the Config the
+            run's.
+
+    Returns:
+        Run(model, config, tokenizer).
+
+    Raises:
+        ValueError: no intact checkpoint, a step that is not one, or an export whose files do not match one another,
+            their checksums or the run's tokenizer.
+        FileNotFoundError: a folder with no checkpoints.
     """
     loaded = read_run(run_dir, step, mesh=mesh)
     model = loaded.model

@@ -42,10 +42,24 @@ def build_lm(lm: LMConfig, pure: dict, where: str) -> LM:
 
 
 def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
-    """(the LM, its tokenizer) of the Hugging Face checkpoint in `folder` (config.json, model.safetensors or its
-    shards, tokenizer.json); see config_in.py for what is mapped and what is refused (ValueError naming the field
-    and its value). A missing or unreadable file, or tensors that are not the config's model's, raise ValueError
-    naming them."""
+    """Import a Hugging Face checkpoint of the Llama family (Llama, Mistral, Qwen2, Qwen3) as an LM of softmax
+    attention layers; see config_in.py for what is mapped and what is refused.
+
+    ```python
+    model, tokenizer = load_hf("Qwen3-0.6B")  # a local folder; float32 parameters
+    logits = model(jnp.asarray(tokenizer.encode("def f(x):"), jnp.int32)[None])
+    ```
+
+    Args:
+        folder: config.json, model.safetensors or its shards, tokenizer.json.
+
+    Returns:
+        The LM (float32 parameters) and its tokenizer.
+
+    Raises:
+        ValueError: a config field the import cannot honour (naming the field and its value), a missing or unreadable
+            file, or tensors that are not the config's model's.
+    """
     if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
         raise ValueError(f"folder must be a Hugging Face checkpoint folder, got {folder!r} (not a folder)")
     folder = os.fspath(folder)

@@ -53,8 +53,12 @@ from retention.validation import check_choice, check_int
 
 
 class AttentionCache(NamedTuple):
-    """An attention layer's decode cache: its keys and values (KVCache, or QuantizedKVCache with kv_cache_bits)
-    and the conv cache (None without a convolution)."""
+    """An attention layer's decode cache.
+
+    Attributes:
+        kv: its keys and values: a KVCache, or a QuantizedKVCache with kv_cache_bits.
+        conv: the last conv_size - 1 inputs of q, k and v; None without a convolution.
+    """
 
     kv: KVCache | QuantizedKVCache
     conv: QKVConvCache | None
@@ -70,12 +74,29 @@ def _check_one_document(segment_ids) -> None:
 
 
 class Attention(QKVMixer):
-    """Causal softmax attention mixer, full or over a sliding window of `window` tokens: q, k, v projections
-    (GQA), an optional causal short convolution on each (conv_size taps, 0: none), optional QK RMSNorm and RoPE,
-    the softmax op, and the output projection. `impl` is the full-sequence op's (one of ATTENTION_IMPLS); the
-    decode step and the context-parallel op have one implementation each. `kv_cache_bits` (None, 8 or 4): the
-    decode cache's keys and values in float (None) or quantized (int8 / 4-bit, a bfloat16 scale per 16 values, or
-    per gcd(16, head_dim)); prefill runs in float and stores the prompt quantized."""
+    """Causal softmax attention mixer, full or over a sliding window: q, k, v projections (GQA), an optional causal
+    short convolution on each, optional QK RMSNorm and RoPE, the softmax op, and the output projection.
+
+    Args:
+        d_model: the model width.
+        heads: query heads Hq.
+        kv_heads: key/value heads H, dividing Hq.
+        head_dim: d.
+        window: a sliding window of this many tokens; None: full attention.
+        qk_norm: RMSNorm over the head dim of q and k.
+        conv_size: taps of the short convolution on q, k and v; 0: none.
+        qkv_bias: biases on the q, k and v projections (as Qwen2).
+        norm_eps: the RMSNorms' epsilon.
+        rope_scaling: RoPE's frequency scaling, or None.
+        rope_base: RoPE's base; None: no RoPE.
+        impl: the full-sequence op's (one of ATTENTION_IMPLS); the decode step and the context-parallel op have one
+            implementation each.
+        kv_cache_bits: the decode cache's keys and values in float (None) or quantized (8: int8, 4: 4-bit; a bfloat16
+            scale per 16 values, or per gcd(16, head_dim)); prefill runs in float and stores the prompt quantized.
+        dtype (DTypeLike): the compute dtype, and the KV cache's.
+        param_dtype (DTypeLike): the parameters' dtype.
+        rngs: the initialisation.
+    """
 
     def __init__(
         self,
@@ -115,9 +136,20 @@ class Attention(QKVMixer):
         cache: AttentionCache | None = None,
         trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], AttentionCache | None]:
-        """Full causal forward (cache=None), or T tokens written into the cache and attending to what it holds;
-        segment_ids enter here, and only here. Returns (y [B, T, D], the updated cache or None); with `trail` (a
-        verify step) the keys and values after all T tokens and the conv caches after each, [T, ...]."""
+        """Full causal forward, or T tokens written into the cache and attending to what it holds.
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T].
+            segment_ids: int [B, T]: packed documents; they enter the model here, and only here.
+            cache: the layer's cache to continue; None: a full forward.
+            trail: a verify step: return what a rollback needs.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the updated cache, or None for a full forward; with `trail` the keys and values after all T
+                tokens and the conv caches after each, [T, ...].
+        """
         decode = cache is not None
         conv = cache.conv if decode else None
         q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
@@ -134,9 +166,17 @@ class Attention(QKVMixer):
         return self.out(y), AttentionCache(kv, conv_cache)
 
     def rollback(self, before: AttentionCache, trail: AttentionCache, kept) -> AttentionCache:
-        """The cache after the first `kept` tokens of a verify step: the keys and values cut back (`keep_first`:
-        the slots of the dropped tokens hold `before`'s again, a ring buffer's overwritten keys included), the conv
-        cache of that token."""
+        """The cache after the first `kept` tokens of a verify step.
+
+        Args:
+            before: the cache the verify step started from.
+            trail: what the verify step returned.
+            kept (int | Array): the tokens to keep.
+
+        Returns:
+            The keys and values cut back (`keep_first`: the slots of the dropped tokens hold `before`'s again, a ring
+                buffer's overwritten keys included) and the conv cache of that token.
+        """
         return AttentionCache(keep_first(before.kv, trail.kv, kept), select_kept(before.conv, trail.conv, kept))
 
     def prefill(
@@ -147,9 +187,19 @@ class Attention(QKVMixer):
         segment_ids: Int[Array, "B T"] | None = None,
         cache: AttentionCache,
     ) -> tuple[Float[Array, "B T D"], AttentionCache]:
-        """A whole prompt at stream positions 0..T-1 into an empty cache (positions: RoPE's): the full-sequence op
-        for y, then the last min(T, slots) keys, values and segment ids written at slots position % slots (a full
-        cache must hold all T)."""
+        """A whole prompt at stream positions 0..T-1 into an empty cache: the full-sequence op for y, then the last
+        min(T, slots) keys, values and segment ids written at slots position % slots.
+
+        Args:
+            x_BTD: the prompt's normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T].
+            segment_ids: int [B, T], or None.
+            cache: an empty cache (`init_cache`); a full cache must hold all T.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the filled cache.
+        """
         T = x_BTD.shape[1]
         kv = cache.kv
         L = kv.k.shape[2]  # k is [B, H, L, d]
@@ -163,9 +213,18 @@ class Attention(QKVMixer):
         return self.out(y), AttentionCache(fill_kv_cache(kv, k, v, segment_ids), conv_cache)
 
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32, *, step_tokens: int = 1) -> AttentionCache:
-        """An empty KV cache: max_len slots for full attention; window + step_tokens - 1 for a sliding window
-        (a ring buffer: enough for decode steps of up to step_tokens tokens, at any length), quantized with
-        kv_cache_bits; and the conv cache."""
+        """An empty KV cache, quantized with kv_cache_bits, and the conv cache.
+
+        Args:
+            batch: rows B.
+            max_len: the slots of full attention.
+            dtype (DTypeLike): the float cache's dtype.
+            step_tokens: a sliding window's ring buffer holds window + step_tokens - 1 slots: enough for decode steps of
+                up to step_tokens tokens, at any length.
+
+        Returns:
+            The cache.
+        """
         check_int("max_len", max_len)
         check_int("step_tokens", step_tokens)
         slots = max_len if self.window is None else self.window + step_tokens - 1

@@ -84,7 +84,49 @@ def check_pattern(pattern, n_layers: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LMConfig:
-    """Hyperparameters of `LM`; validated on construction (a bad field raises ValueError naming it)."""
+    """Hyperparameters of `LM`; validated on construction (a bad field raises ValueError naming it).
+
+    Attributes:
+        vocab_size: the token ids' range.
+        d_model: the model width.
+        n_layers: the blocks; at least len(pattern).
+        pattern: a string over the mixer registry's letters (`MIXERS`), repeated over the layers: "A" softmax, "P"
+            power retention, "PPPA" a 3:1 hybrid.
+        n_heads: query heads.
+        n_kv_heads: key/value heads, dividing n_heads.
+        head_dim: d.
+        mlp_ratio: the SwiGLU hidden width over d_model, when mlp_width is None.
+        mlp_width: the SwiGLU hidden width; None: mlp_ratio * d_model rounded to a multiple of 8.
+        deg: P layers: the even degree p.
+        window: W layers: the sliding window's tokens.
+        rope_base: RoPE's base; None: no RoPE (`layers` sets it per letter: P has none by default).
+        rope_scaling: RoPE's frequencies rescaled as HF's rope_type: none, linear or llama3 (rope.py).
+        rope_factor: linear: every frequency divided by this; llama3: the long wavelengths'.
+        rope_low_freq_factor: llama3: wavelengths past rope_original_max_len / this are divided.
+        rope_high_freq_factor: llama3: wavelengths below rope_original_max_len / this are kept.
+        rope_original_max_len: llama3: the context the model was pretrained at.
+        norm_eps: every RMSNorm's epsilon: the blocks', the final one, QK-norm's.
+        tie_embeddings: the head is the embedding's transpose.
+        dtype: the compute dtype (activations, KV cache); the recurrent states are always float32.
+        param_dtype: the parameters' dtype.
+        gating: P layers: a learnt per-kv-head decay gate.
+        gate_bias_init: P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay).
+        decay_init: D, G, M layers: the decay's start, "long" (the recipe) or "paper" (DESIGN section 3).
+        qk_norm: every layer: RMSNorm over the head dim of q and k.
+        qkv_bias: every q/k/v layer: biases on the q, k and v projections (as Qwen2).
+        conv_size: every layer: a causal depthwise convolution of this many taps on q, k and v (0: none).
+        chunk_size: the chunked ops' chunk size; None: each op's default.
+        ssm_state_size: M layers: Mamba2's state size N per group of B and C.
+        ssm_expand: M layers: d_inner = ssm_expand * d_model, in heads of head_dim.
+        ssm_groups: M layers: groups of B and C, each shared by n_heads_M / ssm_groups heads.
+        retention_impl: the P layers' op path (power_retention's impl).
+        attention_impl: the A and W layers' op path (softmax_attention's impl).
+        kv_cache_bits: the A and W layers' decode cache: float (None) or quantized (8, 4 bits).
+        scan_layers: stack the blocks by the pattern's period and run them with nnx.scan (scan.py).
+        remat_policy: nnx.remat per block: none, full, save_projections, offload (remat.py).
+        layers: per layer letter, the fields (LAYER_FIELDS) its layers take other than the config's own, e.g.
+            {"P": {"rope_base": None}} (the default: RECIPE_LAYERS); `for_kind(letter)` applies them.
+    """
 
     vocab_size: int = 256
     d_model: int = 512
@@ -94,35 +136,35 @@ class LMConfig:
     n_kv_heads: int = 8
     head_dim: int = 64
     mlp_ratio: float = 8 / 3
-    mlp_width: int | None = None  # the SwiGLU hidden width; None: mlp_ratio * d_model rounded to a multiple of 8
+    mlp_width: int | None = None
     deg: int = 2
     window: int = 512
     rope_base: float | None = 10000.0
-    rope_scaling: str = "none"  # RoPE's frequencies rescaled as HF's rope_type: none, linear or llama3 (rope.py)
-    rope_factor: float = 8.0  # linear: every frequency divided by this; llama3: the long wavelengths'
-    rope_low_freq_factor: float = 1.0  # llama3: wavelengths past rope_original_max_len / this are divided
-    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below rope_original_max_len / this are kept
-    rope_original_max_len: int = 8192  # llama3: the context the model was pretrained at
-    norm_eps: float = 1e-6  # every RMSNorm's epsilon: the blocks', the final one, QK-norm's
+    rope_scaling: str = "none"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    norm_eps: float = 1e-6
     tie_embeddings: bool = True
-    dtype: str = "float32"  # compute dtype (activations, KV cache); the retention state is always float32
+    dtype: str = "float32"
     param_dtype: str = "float32"
-    gating: bool = True  # P layers: a learnt per-kv-head decay gate
-    gate_bias_init: float = GATE_BIAS_INIT  # P layers: the gate's initial bias (sigmoid(4) = 0.98, a slow decay)
-    decay_init: str = "long"  # D, G, M layers: the decay's start, "long" (the recipe) or "paper" (DESIGN section 3)
-    qk_norm: bool = False  # every layer: RMSNorm over the head dim of q and k
-    qkv_bias: bool = False  # every q/k/v layer: biases on the q, k and v projections (as Qwen2)
-    conv_size: int = 0  # every layer: a causal depthwise convolution of this many taps on q, k and v (0: none)
+    gating: bool = True
+    gate_bias_init: float = GATE_BIAS_INIT
+    decay_init: str = "long"
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    conv_size: int = 0
     chunk_size: int | None = None
-    ssm_state_size: int = 64  # M layers: Mamba2's state size N per group of B and C
-    ssm_expand: int = 2  # M layers: d_inner = ssm_expand * d_model, in heads of head_dim
-    ssm_groups: int = 1  # M layers: groups of B and C, each shared by n_heads_M / ssm_groups heads
-    retention_impl: str = "auto"  # the P layers' op path (power_retention's impl)
-    attention_impl: str = "auto"  # the A and W layers' op path (softmax_attention's impl)
-    kv_cache_bits: int | None = None  # the A and W layers' decode cache: float (None) or quantized (8, 4 bits)
-    scan_layers: bool = False  # stack the blocks by the pattern's period and run them with nnx.scan (scan.py)
-    remat_policy: str = "none"  # nnx.remat per block: none, full, save_projections, offload (remat.py)
-    layers: dict[str, dict[str, Any]] = dataclasses.field(default_factory=_recipe_layers)  # per letter
+    ssm_state_size: int = 64
+    ssm_expand: int = 2
+    ssm_groups: int = 1
+    retention_impl: str = "auto"
+    attention_impl: str = "auto"
+    kv_cache_bits: int | None = None
+    scan_layers: bool = False
+    remat_policy: str = "none"
+    layers: dict[str, dict[str, Any]] = dataclasses.field(default_factory=_recipe_layers)
 
     def __post_init__(self):
         object.__setattr__(self, "layers", check_layers(self.layers))
@@ -170,13 +212,29 @@ class LMConfig:
 
     @classmethod
     def from_record(cls, fields: Mapping[str, Any]) -> "LMConfig":
-        """The LMConfig a run record, export or snapshot stored (dataclasses.asdict of one): a record written before
-        per-layer settings existed has no `layers`, and every one of its layers followed the config's fields."""
+        """The LMConfig a run record, export or snapshot stored.
+
+        A record written before per-layer settings existed has no `layers`, and every one of its layers followed the
+        config's fields.
+
+        Args:
+            fields: dataclasses.asdict of an LMConfig.
+
+        Returns:
+            The config.
+        """
         return cls(**{"layers": {}, **fields})
 
     def for_kind(self, letter: str) -> "LMConfig":
-        """The config the `letter` layers are built and sized from: this one with layers[letter]'s settings (a
-        layer without RoPE drops rope_scaling too) and no per-layer settings of its own."""
+        """The config the `letter` layers are built and sized from.
+
+        Args:
+            letter: a layer letter of the registry.
+
+        Returns:
+            This config with layers[letter]'s settings (a layer without RoPE drops rope_scaling too) and no per-layer
+                settings of its own.
+        """
         settings = dict(self.layers.get(letter, {}))
         if not settings:
             return dataclasses.replace(self, layers={}) if self.layers else self

@@ -127,12 +127,27 @@ def _identity_conv(conv: dict) -> dict:
 
 def convert(model: LM, pattern_or_layers, mixer_letter: str = "P", *, seed: int = 0, **mixer_settings) -> LM:
     """A new LM with the A layers that `pattern_or_layers` names replaced by fixed-state mixers initialised from
-    them (module docstring); `model` is unchanged. pattern_or_layers: a pattern over the mixer letters, repeated
-    over the layers like LMConfig.pattern ('A' keeps a layer: "PPPA", "PA", "P"), or a list of layer indices that
-    become `mixer_letter`. mixer_settings: LMConfig fields of the new mixers (`SETTINGS`: deg, gating,
-    gate_bias_init (default CONVERT_GATE_BIAS when a layer becomes P), chunk_size, retention_impl, window,
-    conv_size from 0). seed: the fresh parameters of D and G.
-    The result has the source's form (scan_layers) when its pattern allows; an all-A pattern returns an equal model."""
+    them (module docstring); `model` is unchanged.
+
+    The result has the source's form (scan_layers) when its pattern allows; an all-A pattern returns an equal model.
+
+    ```python
+    hybrid = convert(model, "PPPA")  # or convert(model, [1, 3], "P")
+    ```
+
+    Args:
+        model: the source, with A layers.
+        pattern_or_layers (str | list[int]): a pattern over the mixer letters, repeated over the layers like
+            LMConfig.pattern ('A' keeps a layer: "PPPA", "PA", "P"), or a list of layer indices that become
+            `mixer_letter`.
+        mixer_letter: the letter those indices become (P, W, D or G: a mixer with q/k/v/o projections).
+        seed: the fresh parameters of D and G.
+        **mixer_settings (Any): LMConfig fields of the new mixers (`SETTINGS`: deg, gating, gate_bias_init (default
+            CONVERT_GATE_BIAS when a layer becomes P), chunk_size, retention_impl, window, conv_size from 0).
+
+    Returns:
+        The converted model.
+    """
     if not isinstance(model, LM):
         raise TypeError(f"model must be an LM, got {type(model).__name__}")
     source = model.config

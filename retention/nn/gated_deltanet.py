@@ -38,9 +38,23 @@ def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
 
 
 class GatedDeltaNet(MatrixStateMixer, QKVMixer):
-    """The Gated DeltaNet mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)),
-    conv_size taps of short convolution (0: none), optional QK RMSNorm before the L2 normalisation; decay_init
-    the decay's start (mamba2.A_RANGES: "paper", Mamba2's, or "long", 64 times slower)."""
+    """The Gated DeltaNet mixer (module docstring), on `gated_delta_rule`.
+
+    Args:
+        d_model: the model width.
+        heads: query heads; query head i reads kv-head i // (heads // kv_heads).
+        kv_heads: key/value heads H.
+        head_dim: d_k = d_v.
+        qk_norm: RMSNorm of q and k before the L2 normalisation.
+        conv_size: taps of the short convolution; 0: none.
+        qkv_bias: biases on the q, k and v projections.
+        norm_eps: the RMSNorms' epsilon.
+        decay_init: the decay's start (mamba2.A_RANGES): "paper", Mamba2's, or "long", 64 times slower.
+        chunk_size: the op's chunk size; None: its default.
+        dtype (DTypeLike): the compute dtype; the state is float32.
+        param_dtype (DTypeLike): the parameters' dtype.
+        rngs: the initialisation.
+    """
 
     def __init__(
         self,
@@ -89,9 +103,21 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         cache: MatrixStateCache | None = None,
         trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
-        """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state). Returns (y [B, T, D], the new cache or None; with `trail`, a verify step, the
-        caches after each token stacked [T, ...]: `matrix_state.run_mixing`)."""
+        """Full forward (cache None) or T tokens continuing the cache (rows whose first token starts a new document
+        begin from an empty state).
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions, as in the other mixers.
+            segment_ids: int [B, T], or None.
+            cache: the layer's cache to continue; None: a full forward.
+            trail: a verify step: return the caches after each token.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
+                (`matrix_state.run_mixing`).
+        """
         refuse_context_parallel("GatedDeltaNet", cache)
         B, T, _ = x_BTD.shape
         decode = cache is not None

@@ -38,9 +38,23 @@ GATE_BIASES = {  # the decay logits' initial bias, by `decay_init` (DESIGN secti
 
 
 class GatedLinearAttention(MatrixStateMixer, QKVMixer):
-    """The GLA mixer (module docstring): GQA heads (query heads read kv-head i // (heads // kv_heads)), conv_size
-    taps of short convolution (0: none), optional QK RMSNorm; decay_init the decay logits' initial bias
-    (GATE_BIASES: "paper", 0, or "long", 4)."""
+    """The GLA mixer (module docstring), on `gated_linear_attention`.
+
+    Args:
+        d_model: the model width.
+        heads: query heads; query head i reads kv-head i // (heads // kv_heads).
+        kv_heads: key/value heads H.
+        head_dim: d_k = d_v.
+        qk_norm: RMSNorm over the head dim of q and k.
+        conv_size: taps of the short convolution; 0: none.
+        qkv_bias: biases on the q, k and v projections.
+        norm_eps: the RMSNorms' epsilon.
+        decay_init: the decay logits' initial bias (GATE_BIASES): "paper", 0, or "long", 4.
+        chunk_size: the op's chunk size; None: its default.
+        dtype (DTypeLike): the compute dtype; the state is float32.
+        param_dtype (DTypeLike): the parameters' dtype.
+        rngs: the initialisation.
+    """
 
     def __init__(
         self,
@@ -93,9 +107,21 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         cache: MatrixStateCache | None = None,
         trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
-        """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state). Returns (y [B, T, D], the new cache or None; with `trail`, a verify step, the
-        caches after each token stacked [T, ...]: `matrix_state.run_mixing`)."""
+        """Full forward (cache None) or T tokens continuing the cache (rows whose first token starts a new document
+        begin from an empty state).
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions, as in the other mixers.
+            segment_ids: int [B, T], or None.
+            cache: the layer's cache to continue; None: a full forward.
+            trail: a verify step: return the caches after each token.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
+                (`matrix_state.run_mixing`).
+        """
         refuse_context_parallel("GatedLinearAttention", cache)
         B, T, _ = x_BTD.shape
         decode = cache is not None

@@ -82,8 +82,21 @@ def check_mamba2_dims(d_model: int, head_dim: int, state_size: int, expand: int,
 
 
 class Mamba2(MatrixStateMixer, nnx.Module):
-    """The Mamba2 mixer (module docstring): H = expand * d_model / head_dim heads, n_groups groups of B and C of
-    state_size each, conv_size taps of short convolution (0: none)."""
+    """The Mamba2 mixer (module docstring): its SSD through `linear_attention`.
+
+    Args:
+        d_model: the model width.
+        head_dim: P, the values per head; H = expand * d_model / head_dim heads.
+        state_size: N, the state size of each group of B and C.
+        expand: d_inner = expand * d_model.
+        n_groups: groups of B and C, each shared by H / n_groups heads.
+        conv_size: taps of the short convolution over x, B and C; 0: none.
+        decay_init: A's initial range (A_RANGES): "paper", Mamba2's [1, 16], or "long", [1/64, 1/4].
+        chunk_size: the op's chunk size; None: its default.
+        dtype (DTypeLike): the compute dtype; the state is float32.
+        param_dtype (DTypeLike): the parameters' dtype.
+        rngs: the initialisation.
+    """
 
     def __init__(
         self,
@@ -136,10 +149,21 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         cache: MatrixStateCache | None = None,
         trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
-        """Full forward (cache=None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state). positions are unused (the recurrence orders the tokens). Returns (y [B, T, D],
-        the new cache or None; with `trail`, a verify step, the caches after each token stacked [T, ...]:
-        `matrix_state.run_mixing`)."""
+        """Full forward (cache None) or T tokens continuing the cache (rows whose first token starts a new document
+        begin from an empty state).
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: unused (the recurrence orders the tokens).
+            segment_ids: int [B, T], or None.
+            cache: the layer's cache to continue; None: a full forward.
+            trail: a verify step: return the caches after each token.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
+                (`matrix_state.run_mixing`).
+        """
         refuse_context_parallel("Mamba2", cache)
         B, T, _ = x_BTD.shape
         H, P, G, N = self.heads, self.head_dim, self.n_groups, self.state_size

@@ -18,8 +18,13 @@ from retention.validation import check_int
 
 
 class MatrixStateCache(NamedTuple):
-    """A matrix-state layer's decode cache: S [B, H, d_k, d_v] float32, each row's last segment id, the conv cache
-    (None without a convolution)."""
+    """A matrix-state layer's decode cache (D, G, M).
+
+    Attributes:
+        state: S [B, H, d_k, d_v], float32.
+        segment_id: each row's last segment id [B].
+        conv: the short convolution's last inputs; None without a convolution.
+    """
 
     state: Float[Array, "B H dk dv"]
     segment_id: Int[Array, " B"]

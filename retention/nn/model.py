@@ -36,9 +36,15 @@ from retention.validation import check_at_runtime, check_int, concrete
 
 
 class LMCache(NamedTuple):
-    """Per-layer mixer caches (each layer's mixer's: RetentionCache for P, AttentionCache for A and W; scanned, one
-    per letter of the period with a leading axis over the repeats), the tokens seen so far, and per row the segment
-    id of the last token and the RoPE position of the next one."""
+    """The caches a decode step continues from: `LM.init_caches`, `LM.prefill`, `LM.decode_step`.
+
+    Attributes:
+        layers: each layer's mixer cache (RetentionCache for P, AttentionCache for A and W, MatrixStateCache for D, G
+            and M); with scan_layers, one per letter of the period with a leading axis over the repeats.
+        length: the tokens seen so far, a scalar.
+        segment_id: per row, the segment id of the last token [B].
+        position: per row, the RoPE position of the next token [B].
+    """
 
     layers: tuple
     length: Int[Array, ""]
@@ -71,7 +77,21 @@ class Block(nnx.Module):
 
 
 class LM(nnx.Module):
-    """Decoder-only language model over `config.layer_kinds`; logits are float32 [B, T, vocab_size]."""
+    """Decoder-only language model over `config.layer_kinds`: token embedding, pre-norm blocks (RMSNorm, mixer,
+    RMSNorm, SwiGLU MLP), final norm, head.
+
+    ```python
+    model = LM(LMConfig(pattern="PPPA", n_layers=4), rngs=nnx.Rngs(0))
+    logits = model(tokens)  # [B, T, vocab_size] float32
+    ```
+
+    Args:
+        config: the hyperparameters.
+        rngs: the parameters' initialisation.
+
+    Raises:
+        TypeError: `config` is not an LMConfig.
+    """
 
     def __init__(self, config: LMConfig, *, rngs: nnx.Rngs):
         if not isinstance(config, LMConfig):
@@ -112,9 +132,21 @@ class LM(nnx.Module):
         prefill: bool = False,
         trail: bool = False,
     ) -> tuple[Float[Array, "B T V"], tuple | None]:
-        """Blocks, final norm and head from input embeddings; `caches` (LMCache.layers), segment_ids and `trail` as
-        in the mixers, positions [T] or [B, T] (RoPE's). A trail (speculative verification) runs the layers
-        unscanned only."""
+        """Blocks, final norm and head from input embeddings. A trail (speculative verification) runs the layers
+        unscanned only.
+
+        Args:
+            x_BTD: the input embeddings [B, T, d_model].
+            positions: RoPE positions [T] or [B, T].
+            segment_ids: int [B, T], as in the mixers.
+            caches (tuple | None): `LMCache.layers` to continue from; None: a full forward.
+            prefill: run each mixer's `prefill` into `caches` (fresh ones).
+            trail: a verify step: each mixer returns its caches after each token.
+
+        Returns:
+            logits: float32 [B, T, vocab_size].
+            caches: the layers' new caches (or trails), None for a full forward.
+        """
         if self.config.scan_layers:
             if trail:
                 raise ValueError("a verify step (trail=True) needs scan_layers=False; convert_layers(model, False)")
@@ -140,8 +172,17 @@ class LM(nnx.Module):
     def __call__(
         self, tokens_BT: Int[Array, "B T"], *, segment_ids: Int[Array, "B T"] | None = None, debug_checks=False
     ) -> Float[Array, "B T V"]:
-        """One full causal forward: logits [B, T, vocab_size]. segment_ids [B, T]: packed documents (see the module
-        docstring). debug_checks: raise ValueError for token ids outside [0, vocab_size), also under jit."""
+        """One full causal forward.
+
+        Args:
+            tokens_BT: token ids [B, T].
+            segment_ids: int [B, T]: packed documents, kept apart in every mixer, RoPE positions restarting at each (see
+                the module docstring). None: one document per row.
+            debug_checks (bool): raise ValueError for token ids outside [0, vocab_size), also under jit.
+
+        Returns:
+            Logits [B, T, vocab_size], float32.
+        """
         _check_tokens(tokens_BT, self.config.vocab_size, segment_ids, debug_checks)
         if segment_ids is None:
             positions = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
@@ -151,7 +192,16 @@ class LM(nnx.Module):
         return self.forward_embeddings(x_BTD, positions=positions, segment_ids=segment_ids)[0]
 
     def init_caches(self, batch: int, max_len: int, *, step_tokens: int = 1) -> LMCache:
-        """Empty caches for sequences of up to max_len tokens decoded in steps of up to step_tokens tokens."""
+        """Empty caches for sequences of up to max_len tokens decoded in steps of up to step_tokens tokens.
+
+        Args:
+            batch: rows B.
+            max_len: the longest sequence (prompt and generated) the caches hold: the A layers' KV slots.
+            step_tokens: the most tokens one decode step feeds (a W layer's ring buffer holds window + step_tokens - 1).
+
+        Returns:
+            The caches, every layer's empty, length 0.
+        """
         dtype = jnp.dtype(self.config.dtype)
         if self.config.scan_layers:
             layers = stacked_caches(self.config, Block, batch, max_len, dtype, step_tokens=step_tokens)
@@ -169,9 +219,19 @@ class LM(nnx.Module):
         step_tokens: int = 1,
         debug_checks: bool = False,
     ) -> tuple[Float[Array, "B T V"], LMCache]:
-        """Run a prompt (packed with segment_ids, or one document per row) and fill fresh caches for up to max_len
-        tokens in all (compiled per shape). Returns (logits [B, T, V], caches) for `decode_step` with steps of up
-        to step_tokens tokens. debug_checks as in `__call__`."""
+        """Run a prompt and fill fresh caches for up to max_len tokens in all (compiled per shape).
+
+        Args:
+            tokens_BT: the prompt [B, T].
+            max_len: the longest sequence the caches hold, >= T.
+            segment_ids: int [B, T]: packed documents; None: one document per row.
+            step_tokens: the most tokens a later `decode_step` feeds.
+            debug_checks: as in `__call__`.
+
+        Returns:
+            logits: [B, T, vocab_size], float32.
+            caches: for `decode_step`.
+        """
         _check_tokens(tokens_BT, self.config.vocab_size, segment_ids, debug_checks)
         check_int("max_len", max_len)
         if max_len < tokens_BT.shape[1]:
@@ -187,34 +247,73 @@ class LM(nnx.Module):
         segment_ids: Int[Array, "B n"] | None = None,
         debug_checks: bool = False,
     ) -> tuple[Float[Array, "B n V"], LMCache]:
-        """n new tokens after those in `caches`: (logits [B, n, V], updated caches). Compiled once per shape.
-        segment_ids None continues each row's last document; a new id starts one (an id that comes back too). The
-        caches must have room: total length <= max_len for A layers, n <= step_tokens for W layers. debug_checks as
-        in `__call__`."""
+        """n new tokens after those in `caches` (compiled once per shape).
+
+        The caches must have room: total length <= max_len for A layers, n <= step_tokens for W layers.
+
+        Args:
+            tokens_BN: the new tokens [B, n].
+            caches: from `prefill`, `init_caches` or an earlier step.
+            segment_ids: int [B, n]: None continues each row's last document; a new id starts one (an id that comes back
+                too).
+            debug_checks: as in `__call__`.
+
+        Returns:
+            logits: [B, n, vocab_size], float32.
+            caches: the updated caches.
+        """
         _check_tokens(tokens_BN, self.config.vocab_size, segment_ids, debug_checks)
         graphdef, state = nnx.split(self)
         return _decode(graphdef, state, tokens_BN, segment_ids, caches)
 
     def verify_step(self, tokens_BN: Int[Array, "B n"], caches: LMCache) -> tuple[Float[Array, "B n V"], tuple]:
-        """A decode step of n tokens continuing each row's document that keeps what a rollback needs: (logits
-        [B, n, V], the layers' trails: each mixer's caches after each token, from the one step). `rollback`
-        turns them into the caches after the first m tokens. Compiled once per shape."""
+        """A decode step of n tokens continuing each row's document that keeps what a rollback needs (compiled once per
+        shape); `rollback` turns its trails into the caches after the first m tokens.
+
+        Args:
+            tokens_BN: the tokens to check [B, n].
+            caches: the caches before them.
+
+        Returns:
+            logits: [B, n, vocab_size], float32.
+            trails: the layers' trails: each mixer's caches after each token, from the one step.
+        """
         _check_tokens(tokens_BN, self.config.vocab_size)
         graphdef, state = nnx.split(self)
         return _verify(graphdef, state, tokens_BN, caches)
 
     def rollback(self, caches: LMCache, trails: tuple, kept) -> LMCache:
-        """The caches after the first `kept` (0..n) tokens of `verify_step(tokens, caches)`, equal to those of a
-        decode step of just those tokens (float32 rounding) without running them again."""
+        """The caches after the first `kept` tokens of `verify_step(tokens, caches)`, equal to those of a decode step
+        of just those tokens (float32 rounding) without running them again.
+
+        Args:
+            caches: the caches `verify_step` started from.
+            trails: what it returned beside the logits.
+            kept (int | Array): the tokens to keep, 0..n.
+
+        Returns:
+            The caches after those tokens.
+        """
         graphdef, state = nnx.split(self)
         return _rollback(graphdef, state, caches, trails, jnp.asarray(kept, jnp.int32))
 
     def param_count(self) -> int:
-        """The number of parameters (all nnx.Param leaves)."""
+        """The number of parameters (all nnx.Param leaves).
+
+        Returns:
+            The count; equals `count_params(config)`.
+        """
         return sum(x.size for x in jax.tree.leaves(nnx.state(self, nnx.Param)))
 
     def flops_per_token(self, T: int) -> float:
-        """Forward matmul FLOPs per token at sequence length T (see `flops_per_token`)."""
+        """Forward matmul FLOPs per token at sequence length T (see `flops_per_token`).
+
+        Args:
+            T: the sequence length.
+
+        Returns:
+            FLOPs per token.
+        """
         return flops_per_token(self.config, T)
 
 

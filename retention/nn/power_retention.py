@@ -53,8 +53,13 @@ GATE_BIAS_INIT = 4.0  # gates start near sigmoid(4) = 0.98: a slow decay that tr
 
 
 class RetentionCache(NamedTuple):
-    """A power-retention layer's decode cache: its state, each row's last segment id (to see a new document
-    coming) and the conv cache (None without a convolution)."""
+    """A power-retention layer's decode cache.
+
+    Attributes:
+        state: S [B, H, D, d] and z [B, H, D], float32.
+        segment_id: each row's last segment id [B], to see a new document coming.
+        conv: the last conv_size - 1 inputs of q, k and v; None without a convolution.
+    """
 
     state: RetentionState
     segment_id: Int[Array, " B"]
@@ -62,12 +67,33 @@ class RetentionCache(NamedTuple):
 
 
 class PowerRetention(QKVMixer):
-    """Power retention mixer: q, k, v projections (GQA), a causal short convolution on each (conv_size taps, 0: none),
-    QK RMSNorm (qk_norm), optional RoPE (rope_base; None, the recipe: none), optional per-kv-head gate log_g =
-    log_sigmoid(x W_g + b_g) with b_g initialised to gate_bias_init, the power retention op, and the output
-    projection. The defaults are the recipe (docs/DESIGN.md section 3): 4 taps, QK-norm, no RoPE, the gate. `impl`
-    is the op's (one of RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full forward
-    only."""
+    """Power retention mixer: q, k, v projections (GQA), a causal short convolution on each, QK RMSNorm, optional
+    RoPE, an optional per-kv-head gate log_g = log_sigmoid(x W_g + b_g), the power retention op, and the output
+    projection.
+
+    The defaults are the recipe (docs/DESIGN.md section 3): 4 taps, QK-norm, no RoPE, the gate.
+
+    Args:
+        d_model: the model width.
+        heads: query heads Hq.
+        kv_heads: key/value heads H, dividing Hq.
+        head_dim: d.
+        deg: the even degree p.
+        gating: learn the gate; False: no decay.
+        gate_bias_init: b_g's initial value (4.0: the gate starts at sigmoid(4) = 0.98, a slow decay).
+        qk_norm: RMSNorm over the head dim of q and k.
+        conv_size: taps of the short convolution on q, k and v; 0: none.
+        qkv_bias: biases on the q, k and v projections.
+        norm_eps: the RMSNorms' epsilon.
+        rope_scaling: RoPE's frequency scaling, or None.
+        rope_base: RoPE's base; None (the recipe): no RoPE.
+        chunk_size: the op's chunk size; None: its default.
+        impl: the op's (one of RETENTION_IMPLS), passed through: "reference" has no state, so it serves the full
+            forward only.
+        dtype (DTypeLike): the compute dtype; the state is float32 whatever it is.
+        param_dtype (DTypeLike): the parameters' dtype.
+        rngs: the initialisation.
+    """
 
     def __init__(
         self,
@@ -123,11 +149,25 @@ class PowerRetention(QKVMixer):
         cache: RetentionCache | None = None,
         trail: bool = False,
     ) -> tuple[Float[Array, "B T D"], RetentionCache | None]:
-        """Full forward (cache=None: the op, or its context-parallel form under a mesh that splits the sequence) or
-        T tokens continuing the cache (the step op; rows whose first token starts a new document begin from an
-        empty state). segment_ids enter here, and only here. Returns (y [B, T, D], the new cache or None); with
-        `trail` (a verify step) the caches after each token instead, every field stacked [T, ...]: the states from
-        the one chunk (`chunk_states`, T D (d + 1) float32 per kv-head), the conv caches per token."""
+        """Full forward, or T tokens continuing the cache.
+
+        A full forward (cache None) runs the op, or its context-parallel form under a mesh that splits the
+        sequence; with a cache the step op runs, and rows whose first token starts a new document begin from an
+        empty state.
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T]; unused without RoPE.
+            segment_ids: int [B, T]: packed documents; they enter the model here, and only here.
+            cache: the layer's cache to continue; None: a full forward.
+            trail: a verify step: return the caches after each token instead.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the new cache, or None for a full forward; with `trail` the caches after each token, every field
+                stacked [T, ...]: the states from the one chunk (`chunk_states`, T D (d + 1) float32 per kv-head)
+                and the conv caches per token.
+        """
         T = x_BTD.shape[1]
         decode = cache is not None
         conv = cache.conv if decode else None
@@ -153,13 +193,31 @@ class PowerRetention(QKVMixer):
 
     def prefill(self, x_BTD, *, positions, segment_ids=None, cache: RetentionCache):
         """A prompt into a fresh cache: the same as a call with the cache (the step op: one chunk against the state
-        up to the chunk size, the chunked op from the state beyond)."""
+        up to the chunk size, the chunked op from the state beyond).
+
+        Args:
+            x_BTD (Array): the prompt's normalised residual stream [B, T, d_model].
+            positions (Array): RoPE positions [T] or [B, T].
+            segment_ids (Array | None): int [B, T], or None.
+            cache: an empty cache (`init_cache`).
+
+        Returns:
+            (tuple[Array, RetentionCache]): y [B, T, d_model] and the filled cache.
+        """
         return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
 
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionCache:
-        """An empty state, S [batch, H, D, d] and z [batch, H, D] in float32, last segment ids 0 [batch], and the
-        conv cache in `dtype` (None: float32): its size does not depend on max_len or step_tokens (taken for the
-        common mixer interface)."""
+        """An empty cache; its size does not depend on max_len or step_tokens (taken for the common mixer interface).
+
+        Args:
+            batch: rows B.
+            max_len: the longest sequence (unused: the state does not grow).
+            dtype (DTypeLike | None): the conv cache's dtype; None: float32.
+            step_tokens: the most tokens a decode step feeds (unused).
+
+        Returns:
+            The state S [batch, H, D, d] and z [batch, H, D] in float32, last segment ids 0 [batch], and the conv cache.
+        """
         check_int("batch", batch)
         check_int("max_len", max_len)
         state = init_state(batch, self.kv_heads, self.head_dim, self.deg)

@@ -17,3 +17,5 @@ MIXERS: dict[str, MixerKind] = {
     "G": GLA,
     "M": MAMBA2,
 }
+"""The mixer registry, layer letter -> MixerKind: P power retention, A full attention, W sliding-window attention,
+D Gated DeltaNet, G GLA, M Mamba2."""

@@ -14,7 +14,14 @@ from retention.validation import check_int
 
 
 def cache_bytes(cache) -> int:
-    """Total bytes of the arrays (or jax.ShapeDtypeStructs, e.g. from jax.eval_shape) in a cache pytree."""
+    """Total bytes of the arrays in a cache pytree.
+
+    Args:
+        cache (Any): a pytree of arrays or jax.ShapeDtypeStructs (e.g. from jax.eval_shape).
+
+    Returns:
+        The bytes.
+    """
     return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
 
 
@@ -29,7 +36,14 @@ def _matmul_params(config: LMConfig) -> int:
 
 
 def count_params(config: LMConfig) -> int:
-    """The parameter count of LM(config), from the config alone (equals LM.param_count())."""
+    """The parameter count of LM(config), from the config alone.
+
+    Args:
+        config: the model's config.
+
+    Returns:
+        The count; equals `LM.param_count()`.
+    """
     D = config.d_model
     total = config.vocab_size * D * (1 if config.tie_embeddings else 2)
     total += (2 * config.n_layers + 1) * D  # block norms and the final norm
@@ -39,14 +53,32 @@ def count_params(config: LMConfig) -> int:
 
 def flops_per_token(config: LMConfig, T: int) -> float:
     """Forward FLOPs per token over a sequence of T tokens (DESIGN section 1): 2 per matmul weight, plus each
-    layer's sequence mixing (its MixerKind's mixing_flops: scores or state, and the short convolution)."""
+    layer's sequence mixing (its MixerKind's mixing_flops: scores or state, and the short convolution).
+
+    Args:
+        config: the model's config.
+        T: the sequence length.
+
+    Returns:
+        FLOPs per token.
+    """
     mixing = sum(MIXERS[kind].mixing_flops(config.for_kind(kind), T) for kind in config.layer_kinds)
     return 2 * _matmul_params(config) + mixing
 
 
 def decode_cache_bytes(config: LMConfig, batch: int, max_len: int, *, step_tokens: int = 1) -> int:
-    """Bytes of `LM(config).init_caches(batch, max_len, step_tokens=...)`: every layer's cache (its MixerKind's
-    formula) plus the LMCache's length, and each row's segment id and position."""
+    """Bytes of `LM(config).init_caches(batch, max_len, step_tokens=...)`, from the config alone: every layer's
+    cache (its MixerKind's formula) plus the LMCache's length, and each row's segment id and position.
+
+    Args:
+        config: the model's config.
+        batch: rows B.
+        max_len: the longest sequence the caches hold.
+        step_tokens: the most tokens a decode step feeds.
+
+    Returns:
+        The bytes.
+    """
     layers = sum(
         MIXERS[kind].cache_bytes(config.for_kind(kind), batch, max_len, step_tokens) for kind in config.layer_kinds
     )
@@ -54,9 +86,17 @@ def decode_cache_bytes(config: LMConfig, batch: int, max_len: int, *, step_token
 
 
 def size_config(base: LMConfig, target_params: int, *, multiple: int = 8) -> LMConfig:
-    """`base` with d_model (a multiple of `multiple`, and with M layers of what makes ssm_expand * d_model whole
-    heads in whole groups; heads, head dim and layers kept) chosen so the parameter count is as close as possible
-    to `target_params`: sizes softmax, retention and hybrid models alike."""
+    """Size a model to a parameter budget: sizes softmax, retention and hybrid models alike.
+
+    Args:
+        base: the config to size; heads, head dim and layers are kept.
+        target_params: the parameter count to come closest to.
+        multiple: d_model is a multiple of this (and, with M layers, of what makes ssm_expand * d_model whole heads in
+            whole groups).
+
+    Returns:
+        `base` with the d_model whose parameter count is closest to `target_params`.
+    """
     check_int("target_params", target_params)
     check_int("multiple", multiple)
     if "M" in base.pattern:

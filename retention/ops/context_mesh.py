@@ -11,7 +11,14 @@ TENSOR_AXIS = "tensor"  # tensor parallelism splits heads, never rows: not a def
 
 
 def context_parallel_size(axis: str = SEQUENCE_AXIS) -> int:
-    """The size of `axis` in the ambient mesh (set by `jax.set_mesh`), 1 without a mesh or without that axis."""
+    """The size of a mesh axis in the ambient mesh (set by `jax.set_mesh`).
+
+    Args:
+        axis: the mesh axis.
+
+    Returns:
+        Its size; 1 without a mesh or without that axis.
+    """
     mesh = jax.sharding.get_abstract_mesh()
     return 1 if mesh.empty or axis not in mesh.axis_names else mesh.shape[axis]
 

@@ -35,7 +35,17 @@ SUB_CHUNK = 16  # the decode step's chunk is the step itself, rounded up to a mu
 
 
 def init_matrix_state(batch: int, heads: int, d_k: int, d_v: int) -> Float[Array, "B H dk dv"]:
-    """An empty state: zeros [batch, heads, d_k, d_v], float32."""
+    """An empty state of the matrix-state ops (linear attention, GLA, the gated delta rule).
+
+    Args:
+        batch: rows B.
+        heads: kv-heads H.
+        d_k: the key dim.
+        d_v: the value dim.
+
+    Returns:
+        Zeros [batch, heads, d_k, d_v], float32.
+    """
     for name, value in (("batch", batch), ("heads", heads), ("d_k", d_k), ("d_v", d_v)):
         check_int(name, value)
     return jnp.zeros((batch, heads, d_k, d_v), jnp.float32)

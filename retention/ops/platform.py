@@ -13,8 +13,20 @@ _TARGET = contextvars.ContextVar("lowering_target", default=None)
 
 @contextlib.contextmanager
 def lowering_for(backend: str):
-    """Within this context the ops target `backend` ('gpu' or 'tpu'): `impl="auto"` chooses as on that platform,
-    kernels take its variant and none runs interpreted, whatever the default device is."""
+    """A context in which the ops target `backend`, whatever the default device is: `impl="auto"` chooses as on
+    that platform, kernels take its variant and none runs interpreted.
+
+    ```python
+    with lowering_for("gpu"):
+        exported = jax.export.export(jax.jit(step), platforms=["cuda"])(*shapes)
+    ```
+
+    Args:
+        backend: "gpu" or "tpu".
+
+    Raises:
+        ValueError: another backend.
+    """
     if backend not in KERNEL_BACKENDS:
         raise ValueError(f"backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
     token = _TARGET.set(backend)

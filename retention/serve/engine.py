@@ -36,14 +36,32 @@ class Request:
 
 
 class Engine:
-    """`slots` requests decoded as one batch, each cache holding up to max_len tokens (prompt and generated);
-    `step_tokens` is the prefill's (a snapshot joining must have been made with the same max_len and step_tokens).
-    `state_format` (8, 4 or "fp8"; None: float32): every decode step reads the recurrent states re-quantized per
-    row, as `generate(..., state_format=...)` does.
+    """A slot engine: `slots` requests decoded as one batch, each joining and leaving one compiled decode step.
 
-    submit(prompt or snapshot, ...) -> request id; step() -> {request id: token} for one token of every request;
-    finished: {request id: its generated tokens} for the requests that left; run() steps until every slot is free.
-    A request's tokens are drawn from its own key, folded with the token's index (greedy: argmax)."""
+    A request's tokens are drawn from its own key, folded with the token's index (greedy: argmax), and equal those
+    of the request run alone.
+
+    ```python
+    engine = Engine(model, slots=4, max_len=4096)
+    a = engine.submit(prompt_T, max_new_tokens=64, eos_id=0)
+    b = engine.submit(snapshot, max_new_tokens=32, temperature=0.8, key=jax.random.key(1))
+    tokens = engine.run()  # {request id: its generated tokens}
+    ```
+
+    Args:
+        model: the LM.
+        slots: the requests decoded at once.
+        max_len: each slot's cache holds up to this many tokens, prompt and generated.
+        step_tokens: the prefill's (a snapshot joining must have been made with the same max_len and step_tokens).
+        state_format (int | str | None): 8, 4 or "fp8": every decode step reads the recurrent states re-quantized
+            per row, as `generate(..., state_format=...)` does; None: float32.
+
+    Attributes:
+        finished: {request id: its generated tokens} for the requests that left.
+
+    Raises:
+        TypeError: `model` is not an LM.
+    """
 
     def __init__(self, model: LM, *, slots: int, max_len: int, step_tokens: int = 1, state_format=None):
         if not isinstance(model, LM):
@@ -76,8 +94,23 @@ class Engine:
         key=None,
         eos_id: int | None = None,
     ) -> int:
-        """Put a request in a free slot: `start` is a prompt (int array [T] or [1, T], prefilled alone) or a
-        one-row Snapshot. Returns its id. Raises ValueError when every slot holds a request."""
+        """Put a request in a free slot.
+
+        Args:
+            start (Array | Snapshot): a prompt (int array [T] or [1, T], prefilled alone) or a one-row Snapshot made
+                with this engine's max_len and step_tokens.
+            max_new_tokens: the most tokens to generate.
+            temperature: 0 is greedy; otherwise the sampling temperature.
+            top_k: sample from the top_k most likely tokens; None: all.
+            key (PRNGKeyArray | None): the request's key (None: key 0; greedy never draws).
+            eos_id: the request leaves after generating this token.
+
+        Returns:
+            The request's id.
+
+        Raises:
+            ValueError: every slot holds a request, or the request would not fit in max_len.
+        """
         vocab = self.model.config.vocab_size
         check_int("max_new_tokens", max_new_tokens)
         check_sampling(vocab, temperature=temperature, top_k=top_k, key=key, eos_id=eos_id)
@@ -118,8 +151,12 @@ class Engine:
         return start
 
     def step(self) -> dict[int, int]:
-        """One token for every request in a slot (one compiled call); requests that reach their eos or
-        max_new_tokens leave (their tokens go to `finished`). Returns {request id: token}."""
+        """One token for every request in a slot (one compiled call); requests that reach their eos or max_new_tokens
+        leave (their tokens go to `finished`).
+
+        Returns:
+            {request id: token} for the requests that were in a slot.
+        """
         active = [r is not None for r in self.requests]
         if not any(active):
             return {}
@@ -149,7 +186,11 @@ class Engine:
         return out
 
     def run(self) -> dict[int, list[int]]:
-        """Step until every slot is free; returns `finished`."""
+        """Step until every slot is free.
+
+        Returns:
+            `finished`: {request id: its generated tokens}.
+        """
         while any(r is not None for r in self.requests):
             self.step()
         return self.finished

@@ -39,8 +39,12 @@ FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 
 
 class QuantizedArray(NamedTuple):
-    """A state array [..., r] quantized per row: values (int8, packed 4-bit uint8 or float8_e4m3fn) and a scale
-    per row [..., 1] (bfloat16 for the integer formats, float32 for fp8)."""
+    """A state array [..., r] quantized per row.
+
+    Attributes:
+        values: int8, packed 4-bit uint8 or float8_e4m3fn [..., r] (4-bit: [..., r / 2]).
+        scale: a scale per row [..., 1]: bfloat16 for the integer formats, float32 for fp8.
+    """
 
     values: Shaped[Array, "*b c"]
     scale: Float[Array, "*b 1"]
@@ -99,18 +103,29 @@ def quantize_caches(caches, state_format):
     store of quantized states holds, and under `jax.eval_shape` its bytes from shapes alone.
 
     Args:
-        caches: an LMCache (`LM.init_caches`, `LM.prefill`) with float32 states, or its ShapeDtypeStructs.
-        state_format: one of STATE_FORMATS (8, 4 or "fp8").
+        caches (LMCache): caches (`LM.init_caches`, `LM.prefill`) with float32 states, or their ShapeDtypeStructs.
+        state_format (int | str): one of STATE_FORMATS (8, 4 or "fp8").
 
     Returns:
-        The LMCache with each P layer's S and z and each matrix-state layer's S (D, G, M) quantized per row.
+        (LMCache): the caches with each P layer's S and z and each matrix-state layer's S (D, G, M) quantized per row.
     """
     check_choice("state_format", state_format, STATE_FORMATS)
     return _map_states(caches, lambda x: quantize_rows(x, state_format))
 
 
 def quantize_states(snapshot: Snapshot, state_format=8) -> Snapshot:
-    """The snapshot with every recurrent state quantized per row in `state_format` (8, 4 or "fp8")."""
+    """The snapshot with every recurrent state quantized per row.
+
+    Args:
+        snapshot: a snapshot with float32 states.
+        state_format (int | str): 8, 4 or "fp8".
+
+    Returns:
+        The quantized snapshot (continue from it after `dequantize_states`).
+
+    Raises:
+        ValueError: the states are quantized already.
+    """
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
     check_choice("state_format", state_format, STATE_FORMATS)
@@ -120,12 +135,27 @@ def quantize_states(snapshot: Snapshot, state_format=8) -> Snapshot:
 
 
 def dequantize_states(snapshot: Snapshot) -> Snapshot:
-    """The snapshot with every quantized state back in float32, to continue from."""
+    """The snapshot with every quantized state back in float32, to continue from.
+
+    Args:
+        snapshot: a snapshot with quantized states (or float32 ones, returned as they are).
+
+    Returns:
+        The float32 snapshot.
+    """
     back = lambda x: dequantize_rows(x) if isinstance(x, QuantizedArray) else x
     return dataclasses.replace(snapshot, caches=_map_states(snapshot.caches, back))
 
 
 def round_trip_states(caches, state_format):
     """LMCache `caches` with every recurrent state quantized in `state_format` and dequantized again (float32):
-    the state a decode step reads when the live state is stored quantized."""
+    the state a decode step reads when the live state is stored quantized.
+
+    Args:
+        caches (LMCache): the caches.
+        state_format (int | str): 8, 4 or "fp8".
+
+    Returns:
+        (LMCache): the caches with their states rounded through the format.
+    """
     return _map_states(caches, lambda x: round_trip_rows(x, state_format))

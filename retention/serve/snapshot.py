@@ -104,9 +104,24 @@ def prefill(
     prompt_lengths=None,
     step_tokens: int = 1,
 ) -> Snapshot:
-    """Run a prompt [B, T] into fresh caches for up to max_len tokens in all, later fed in steps of up to
-    step_tokens tokens: the Snapshot to continue from. prompt_lengths [B]: ragged prompts, left-padded, as in
-    `generate` (row b's prompt is its last prompt_lengths[b] tokens; each row continues as its prompt alone)."""
+    """Run a prompt into fresh caches: the Snapshot to continue from.
+
+    ```python
+    snap = retention.prefill(model, prefix_1T, max_len=T + 512)
+    out = retention.generate(model, question_1n, 64, temperature=0.0, start=snap)
+    ```
+
+    Args:
+        model: the LM.
+        tokens_BT (Array): the prompt, int [B, T].
+        max_len: the caches hold up to this many tokens in all.
+        prompt_lengths (Array | None): int [B]: ragged prompts, left-padded, as in `generate` (row b's prompt is its
+            last prompt_lengths[b] tokens; each row continues as its prompt alone).
+        step_tokens: later steps feed up to this many tokens.
+
+    Returns:
+        The snapshot.
+    """
     check_prompt("tokens", tokens_BT)
     check_int("max_len", max_len)
     check_int("step_tokens", step_tokens)
@@ -120,9 +135,19 @@ def prefill(
 
 
 def extend(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
-    """The snapshot after n more tokens [B, n] (continuing each row's document), fed in steps of up to
-    snapshot.step_tokens tokens when a layer's cache bounds a decode step (a sliding window's ring buffer holds that
-    many: `MixerKind.step_bounded`), in one step otherwise. n = 0 returns the snapshot."""
+    """The snapshot after n more tokens, continuing each row's document.
+
+    The tokens are fed in steps of up to snapshot.step_tokens tokens when a layer's cache bounds a decode step (a
+    sliding window's ring buffer holds that many: `MixerKind.step_bounded`), in one step otherwise.
+
+    Args:
+        model: the snapshot's LM.
+        snapshot: the snapshot to continue.
+        tokens_Bn (Array): the new tokens, int [B, n].
+
+    Returns:
+        The new snapshot; n = 0 returns `snapshot`.
+    """
     check_snapshot(model, snapshot, "snapshot")
     return extend_checked(model, snapshot, tokens_Bn)
 
@@ -145,7 +170,14 @@ def extend_checked(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
 
 
 def snapshot_bytes(snapshot: Snapshot) -> int:
-    """Bytes of the snapshot's arrays (caches and logits)."""
+    """Bytes of the snapshot's arrays (caches and logits): for P layers the same at any prompt length.
+
+    Args:
+        snapshot: the snapshot.
+
+    Returns:
+        The bytes.
+    """
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(snapshot))
 
 
@@ -156,8 +188,16 @@ def _abstract_caches(config: LMConfig, batch: int, max_len: int, step_tokens: in
 
 
 def fork(snapshot: Snapshot, n: int) -> Snapshot:
-    """A one-row snapshot copied to n rows (the batch axis of every per-row array broadcast), so n continuations
-    of one prefix run as one batch."""
+    """A one-row snapshot copied to n rows (the batch axis of every per-row array broadcast), so n continuations of
+    one prefix run as one batch.
+
+    Args:
+        snapshot: a one-row snapshot.
+        n: the rows.
+
+    Returns:
+        The n-row snapshot.
+    """
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
     check_int("n", n)
@@ -183,9 +223,15 @@ def _tensors(snapshot: Snapshot) -> dict[str, Array]:
 
 def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=None) -> None:
     """Write the snapshot to one safetensors file: its arrays, and in the header its config, weights digest,
-    shapes, the format of its recurrent states and the checksum pair of every array. state_format (8, 4, "fp8"):
-    quantize the float32 states per row first (`quantize_states`); None writes them as they are (float32, or
-    quantized already). `load_snapshot` gives back what was written."""
+    shapes, the format of its recurrent states and the checksum pair of every array. `load_snapshot` gives back what
+    was written.
+
+    Args:
+        path: the file.
+        snapshot: the snapshot.
+        state_format (int | str | None): 8, 4 or "fp8": quantize the float32 states per row first
+            (`quantize_states`); None writes them as they are (float32, or quantized already).
+    """
     if not isinstance(snapshot, Snapshot):
         raise TypeError(f"snapshot must be a Snapshot (see retention.prefill), got {type(snapshot).__name__}")
     if state_format is not None:
@@ -208,9 +254,20 @@ def save_snapshot(path: str | os.PathLike, snapshot: Snapshot, *, state_format=N
 
 
 def load_snapshot(path: str | os.PathLike, model: LM) -> Snapshot:
-    """The snapshot saved at `path`, for `model` (its states quantized when they were saved so: `dequantize_states`
-    to continue): ValueError naming the file when it cannot be read, is of another format than FORMAT or an array
-    fails its checksum, and naming the differing fields when it comes from another config (or other weights)."""
+    """The snapshot saved at `path`, for `model`; its states quantized when they were saved so
+    (`dequantize_states` to continue).
+
+    Args:
+        path: the file `save_snapshot` wrote.
+        model: the LM it was made with.
+
+    Returns:
+        The snapshot.
+
+    Raises:
+        ValueError: naming the file when it cannot be read, is of another format than FORMAT or an array fails its
+            checksum, and naming the differing fields when it comes from another config (or other weights).
+    """
     path = os.fspath(path)
     damaged = lambda e: ValueError(f"snapshot file {path} is damaged or not a snapshot: {type(e).__name__}: {e}")
     try:

@@ -18,9 +18,16 @@ from retention.nn import LMCache, LMConfig
 )
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """An LM's caches after a prompt: caches (LMCache, B rows), logits [B, V] float32 of each row's last token;
-    static: config (LMConfig), weights_digest (sha256 of the weights' checksums), max_len and step_tokens (the
-    caches were made for up to max_len tokens in all, decoded in steps of up to step_tokens)."""
+    """An LM's caches after a prompt: a value to keep, fork, save and continue (`prefill`).
+
+    Attributes:
+        caches: the LMCache, B rows.
+        logits: each row's last token's logits [B, V], float32.
+        config: the model's LMConfig (static).
+        weights_digest: sha256 of the weights' checksums (static).
+        max_len: the caches were made for up to max_len tokens in all (static).
+        step_tokens: and decoded in steps of up to step_tokens (static).
+    """
 
     caches: LMCache
     logits: Float[Array, "B V"]

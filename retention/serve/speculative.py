@@ -26,8 +26,13 @@ from retention.validation import check_int
 
 
 class Verified(NamedTuple):
-    """What `verify` returns: the target's greedy token after each of the k + 1 fed tokens [k + 1], the drafts
-    it accepts (0..k) and the snapshot after the fed tokens up to the accepted ones."""
+    """What `verify` returns.
+
+    Attributes:
+        choices: the target's greedy token after each of the k + 1 fed tokens [k + 1].
+        accepted: the drafts it accepts, 0..k.
+        snapshot: the snapshot after the fed tokens up to the accepted ones.
+    """
 
     choices: np.ndarray
     accepted: int
@@ -35,9 +40,14 @@ class Verified(NamedTuple):
 
 
 class Speculated(NamedTuple):
-    """What `speculative_generate` returns: tokens [N] (the target's greedy continuation), the accepted drafts
-    over all proposed, the tokens produced per target verify call (the first comes from the prefill), and the
-    number of verify calls."""
+    """What `speculative_generate` returns.
+
+    Attributes:
+        tokens: the target's greedy continuation [N].
+        acceptance_rate: the accepted drafts over all proposed.
+        tokens_per_target_call: the tokens produced per target verify call (the first comes from the prefill).
+        target_calls: the number of verify calls.
+    """
 
     tokens: np.ndarray
     acceptance_rate: float
@@ -46,10 +56,21 @@ class Speculated(NamedTuple):
 
 
 def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
-    """Feed [last, d_1..d_k] (int [1, k + 1]) to the target in one decode step from a one-row snapshot that holds
-    every token before `last`; accept the leading drafts the target's greedy choices match, and roll the caches
-    back to them from the step's per-token caches. The step needs k + 1 <= snapshot.step_tokens (a sliding-window
-    ring buffer has window + step_tokens - 1 slots: slack for step_tokens new tokens beside the window)."""
+    """Check k drafts with one decode step of the target, and roll its caches back to the accepted ones.
+
+    The step feeds [last, d_1..d_k] from a one-row snapshot that holds every token before `last`; the leading drafts
+    the target's greedy choices match are accepted, and the caches are taken from the step's per-token caches. The
+    step needs k + 1 <= snapshot.step_tokens (a sliding-window ring buffer has window + step_tokens - 1 slots: slack
+    for step_tokens new tokens beside the window).
+
+    Args:
+        target: the model that decides.
+        snapshot: a one-row snapshot of the target before `last`.
+        tokens_1n (Array): [last, d_1..d_k], int [1, k + 1].
+
+    Returns:
+        The target's choices, the drafts accepted and the snapshot after them.
+    """
     check_snapshot(target, snapshot, "snapshot")
     if snapshot.rows != 1 or getattr(tokens_1n, "ndim", None) != 2 or tokens_1n.shape[0] != 1:
         raise ValueError(f"verify takes one row: a one-row snapshot and tokens [1, k + 1], got {snapshot.rows} rows")
@@ -75,8 +96,19 @@ def _greedy(snapshot: Snapshot) -> int:
 
 
 def speculative_generate(target: LM, draft: LM, prompt_1T, max_new_tokens: int, *, k: int) -> Speculated:
-    """The target's greedy continuation of a one-row prompt [1, T] by max_new_tokens tokens, drafted k at a time
-    by `draft` (any LM over the same vocabulary) and verified by the target, one decode step per k drafts."""
+    """The target's greedy continuation of a one-row prompt, drafted k at a time by `draft` and verified by the
+    target, one decode step per k drafts.
+
+    Args:
+        target: the model whose greedy tokens are returned.
+        draft: any LM over the same vocabulary.
+        prompt_1T (Array): the prompt, int [1, T].
+        max_new_tokens: N, the tokens to generate.
+        k: drafts per verify step.
+
+    Returns:
+        The tokens and the acceptance statistics.
+    """
     check_int("max_new_tokens", max_new_tokens)
     check_int("k", k)
     if draft.config.vocab_size != target.config.vocab_size:

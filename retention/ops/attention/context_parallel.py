@@ -68,10 +68,25 @@ def softmax_attention_context_parallel(
     block_size: int = 512,
     debug_checks: bool = False,
 ) -> Float[Array, "B T Hq d"]:
-    """`softmax_attention` (causal, full or sliding window, segment_ids as there) with the sequence split over the
-    mesh axis `axis`: K, V and segment ids are all-gathered over it, each device attends its own queries. mesh and
-    batch_axes as in `power_retention_context_parallel` (a "tensor" axis splits the heads); block_size: keys per
-    online-softmax step; debug_checks as in `softmax_attention`."""
+    """`softmax_attention` with the sequence split over the mesh axis `axis`: K, V and segment ids are
+    all-gathered over it, each device attends its own queries.
+
+    Args:
+        q: queries [B, T, Hq, d].
+        k: keys [B, T, H, d].
+        v: values [B, T, H, d].
+        window: as in `softmax_attention`.
+        segment_ids: int [B, T] or None, as in `softmax_attention`.
+        scale: None is d^-0.5.
+        mesh (Mesh | None): the device mesh, or None for the ambient one (`jax.set_mesh`).
+        axis: the mesh axis that splits the sequence.
+        batch_axes: as in `power_retention_context_parallel` (a "tensor" axis splits the heads).
+        block_size: keys per online-softmax step.
+        debug_checks: as in `softmax_attention`.
+
+    Returns:
+        y [B, T, Hq, d] in v's dtype.
+    """
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)

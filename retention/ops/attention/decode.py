@@ -31,9 +31,16 @@ STEP_QUERY_BLOCK = 512
 
 
 class KVCache(NamedTuple):
-    """Preallocated keys and values. Slot s holds absolute position pos[s] (-1 when empty) and, per batch row, the
-    segment id (document) of its token; tokens are written at slot position % max_len, so a cache shorter than the
-    sequence is a ring buffer (a sliding window)."""
+    """Preallocated keys and values. Tokens are written at slot position % max_len, so a cache shorter than the
+    sequence is a ring buffer (a sliding window).
+
+    Attributes:
+        k: keys [B, H, L, d] (heads before slots).
+        v: values [B, H, L, d].
+        pos: the absolute position each slot holds [L], -1 when empty.
+        segment_ids: per batch row, the segment id (document) of each slot's token [B, L].
+        length: the tokens written so far, a scalar.
+    """
 
     k: Float[Array, "B H L d"]
     v: Float[Array, "B H L d"]
@@ -43,8 +50,20 @@ class KVCache(NamedTuple):
 
 
 def init_kv_cache(batch: int, heads: int, head_dim: int, max_len: int, dtype=jnp.float32) -> KVCache:
-    """An empty cache of `max_len` slots: k and v [batch, heads, max_len, head_dim] in `dtype` (heads before
-    slots, so a decode step reads each head's keys contiguously instead of transposing the cache)."""
+    """An empty cache of `max_len` slots.
+
+    Args:
+        batch: rows B.
+        heads: kv-heads H.
+        head_dim: d.
+        max_len: slots L: the longest sequence for full attention; window + n - 1 for a sliding window decoded n
+            tokens at a time.
+        dtype (DTypeLike): the keys' and values' dtype.
+
+    Returns:
+        k and v [batch, heads, max_len, head_dim] in `dtype`, zeros (heads before slots, so a decode step reads each
+            head's keys contiguously instead of transposing the cache); every slot empty.
+    """
     for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim), ("max_len", max_len)):
         check_int(name, value)
     if jnp.dtype(dtype) not in FLOAT_DTYPES:
@@ -196,13 +215,29 @@ def softmax_attention_step(
     """Write n new tokens into the cache in place, then attend each new query to the keys it may see.
 
     Row i equals row t0 + i of `softmax_attention` over the whole sequence as long as the cache holds every key
-    that row sees: max_len >= total length for full attention (checked: n > max_len, or a known length + n >
-    max_len, raises ValueError; under jit the rows of a step after the cache overflowed are NaN), >= window + n - 1
-    for a sliding window. segment_ids [B, n]: the new tokens' documents (each query sees only its own document's
-    keys, the cache's included; a change of id starts a fresh document, so an id that comes back sees nothing of
-    its earlier run: `retention.ops.segments`); None continues each row's last document. Jit the caller with the
-    cache donated (or run it inside a compiled loop) so the write needs no copy. debug_checks: raise ValueError for
-    non-finite q, k, v and for a full-attention overflow, also under jit.
+    that row sees: max_len >= total length for full attention, >= window + n - 1 for a sliding window. Jit the
+    caller with the cache donated (or run it inside a compiled loop) so the write needs no copy.
+
+    Args:
+        cache: the keys and values of the t0 tokens before these (`init_kv_cache` for none).
+        q: queries [B, n, Hq, d].
+        k: keys [B, n, H, d].
+        v: values [B, n, H, d].
+        window: as in `softmax_attention`.
+        segment_ids: int [B, n]: the new tokens' documents (each query sees only its own document's keys, the
+            cache's included; a change of id starts a fresh document, so an id that comes back sees nothing of its
+            earlier run: `retention.ops.segments`); None continues each row's last document.
+        scale: None is d^-0.5.
+        debug_checks: raise ValueError for non-finite q, k, v and for a full-attention overflow, also under jit.
+
+    Returns:
+        y: [B, n, Hq, d] in v's dtype.
+        cache: the cache holding the new tokens too.
+
+    Raises:
+        ValueError: full attention that overflows the cache (n > max_len, or a known length + n > max_len; under jit
+            the rows of a step after the cache overflowed are NaN), or a sliding-window cache shorter than
+            window + n - 1.
     """
     check_qkv(q, k, v)
     check_scale(scale)

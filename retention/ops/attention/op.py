@@ -54,10 +54,22 @@ def softmax_attention(
     impl: str = "auto",
     debug_checks: bool = False,
 ) -> Float[Array, "B T Hq d"]:
-    """Causal softmax attention; with `window`, query t sees keys t-window+1 .. t; with segment_ids [B, T] (equal
-    ids form one document, contiguous in time; a change of id starts a fresh one) only keys of its own document.
-    Returns [B, T, Hq, d] in v's dtype. impl: one of ATTENTION_IMPLS (see the module docstring); debug_checks:
-    raise ValueError for non-finite q, k, v and non-contiguous documents."""
+    """Causal softmax attention, full or over a sliding window, optionally packed.
+
+    Args:
+        q: queries [B, T, Hq, d]; query head i reads kv-head i // (Hq // H).
+        k: keys [B, T, H, d].
+        v: values [B, T, H, d].
+        window: query t sees keys t - window + 1 .. t; None: every earlier key.
+        segment_ids: int [B, T]: equal ids form one document, contiguous in time (a change of id starts a fresh
+            one); a query sees only keys of its own document. None: one document per row.
+        scale: None is d^-0.5.
+        impl: one of ATTENTION_IMPLS (see the module docstring).
+        debug_checks: raise ValueError for non-finite q, k, v and non-contiguous documents.
+
+    Returns:
+        y [B, T, Hq, d] in v's dtype.
+    """
     check_qkv(q, k, v)
     check_scale(scale)
     check_window(window)

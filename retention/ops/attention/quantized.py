@@ -32,7 +32,16 @@ DEFAULT_GROUP = 16
 
 class QuantizedKVCache(NamedTuple):
     """Quantized keys and values with their scales; slots, pos and length as `KVCache`'s (a ring buffer when
-    shorter than the sequence). k and v are [B, H, L, d] int8 (8-bit) or [B, H, L, d / 2] uint8 (4-bit)."""
+    shorter than the sequence).
+
+    Attributes:
+        k: keys [B, H, L, d] int8 (8-bit) or [B, H, L, d / 2] uint8 (4-bit, two values a byte).
+        k_scale: the keys' scales [B, H, L, d / group], bfloat16.
+        v: values, as k.
+        v_scale: the values' scales, as k_scale.
+        pos: the absolute position each slot holds [L], -1 when empty.
+        length: the tokens written so far, a scalar.
+    """
 
     k: Shaped[Array, "B H L c"]
     k_scale: Float[Array, "B H L groups"]
@@ -133,7 +142,19 @@ def dequantize(q: Shaped[Array, "*b c"], scale: Float[Array, "*b groups"], dtype
 def init_quantized_kv_cache(
     batch: int, heads: int, head_dim: int, max_len: int, bits: int, group: int = DEFAULT_GROUP
 ) -> QuantizedKVCache:
-    """An empty quantized cache of `max_len` slots (heads before slots, as `init_kv_cache`)."""
+    """An empty quantized cache of `max_len` slots (heads before slots, as `init_kv_cache`).
+
+    Args:
+        batch: rows B.
+        heads: kv-heads H.
+        head_dim: d.
+        max_len: slots L, as in `init_kv_cache`.
+        bits: 8 (int8) or 4 (4-bit), one of KV_CACHE_BITS.
+        group: values sharing one bfloat16 scale; must divide head_dim.
+
+    Returns:
+        The empty cache: 9 bits a value at 8 bits, 5 at 4 (group 16).
+    """
     for name, value in (("batch", batch), ("heads", heads), ("max_len", max_len)):
         check_int(name, value)
     check_quantization(head_dim, bits, group)
@@ -191,10 +212,25 @@ def softmax_attention_step_quantized(
     window: int | None = None,
     scale: float | None = None,
 ) -> tuple[Float[Array, "B n Hq d"], QuantizedKVCache]:
-    """`softmax_attention_step` against a quantized cache: the n new keys and values are quantized, every query
-    attends to the dequantized keys and values it may see (the new ones as they will be read back), and the new
-    tokens are written. Row i equals dense attention over the dequantized keys and values of the whole sequence
-    under the same conditions as the float step (max_len >= total length, or >= window + n - 1)."""
+    """`softmax_attention_step` against a quantized cache.
+
+    The n new keys and values are quantized, every query attends to the dequantized keys and values it may see
+    (the new ones as they will be read back), and the new tokens are written. Row i equals dense attention over the
+    dequantized keys and values of the whole sequence under the same conditions as the float step (max_len >=
+    total length, or >= window + n - 1).
+
+    Args:
+        cache: the quantized keys and values of the tokens before these (`init_quantized_kv_cache` for none).
+        q: queries [B, n, Hq, d].
+        k: keys [B, n, H, d].
+        v: values [B, n, H, d].
+        window: as in `softmax_attention`.
+        scale: None is d^-0.5.
+
+    Returns:
+        y: [B, n, Hq, d] in v's dtype.
+        cache: the cache holding the new tokens too.
+    """
     check_qkv(q, k, v)
     check_quantized_kv_cache(cache, k)
     n = k.shape[1]

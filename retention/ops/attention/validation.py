@@ -3,7 +3,8 @@ in `retention/ops/validation.py`)."""
 
 from retention.validation import check_int
 
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference", "splash")  # softmax_attention
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference", "splash")
+"""The `impl` values of `softmax_attention`."""
 
 
 def check_window(window) -> None:

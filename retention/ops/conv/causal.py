@@ -40,10 +40,19 @@ def causal_conv(
     segment_ids_BT: Int[Array, "B T"] | None = None,
     prefix_segment_ids_BP: Int[Array, "B P"] | None = None,
 ) -> Float[Array, "B T C"]:
-    """The causal depthwise convolution of x [B, T, C] with kernel [K, C] (module docstring), accumulated in
-    float32 (float64 for float64 x) and returned in x's dtype. prefix [B, K - 1, C]: the inputs before x (None:
-    zeros). segment_ids: taps that cross a document boundary are dropped; prefix_segment_ids [B, K - 1] are the
-    prefix's ids (None: the prefix continues token 0's document)."""
+    """The causal depthwise convolution of x with one kernel per channel (module docstring), accumulated in float32
+    (float64 for float64 x).
+
+    Args:
+        x_BTC: the inputs [B, T, C].
+        kernel_KC: K taps per channel [K, C]; tap K - 1 multiplies the current token.
+        prefix_BPC: the P = K - 1 inputs before x [B, K - 1, C]; None: zeros.
+        segment_ids_BT: int [B, T]: taps that cross a document boundary are dropped. None: one document.
+        prefix_segment_ids_BP: the prefix's ids [B, K - 1]; None: the prefix continues token 0's document.
+
+    Returns:
+        [B, T, C] in x's dtype.
+    """
     K = kernel_KC.shape[0]
     B, T, C = x_BTC.shape
     x_BTC = _separate_cotangent(x_BTC)

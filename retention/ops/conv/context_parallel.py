@@ -21,10 +21,20 @@ def causal_conv_context_parallel(
     mesh=None,
     axis: str = SEQUENCE_AXIS,
 ) -> Float[Array, "B T C"]:
-    """`causal_conv` with the tokens split over the mesh axis `axis` (mesh None: the ambient one): each device
-    receives the previous device's last K - 1 inputs and segment ids by `ppermute` (device 0: zeros). Every
-    device's share of T must hold at least K - 1 tokens; a "tensor" axis splits the channels, so its size must
-    divide C."""
+    """`causal_conv` with the tokens split over the mesh axis `axis`: each device receives the previous device's
+    last K - 1 inputs and segment ids by `ppermute` (device 0: zeros).
+
+    Args:
+        x_BTC: the inputs [B, T, C]; every device's share of T must hold at least K - 1 tokens.
+        kernel_KC: the taps [K, C].
+        segment_ids_BT: int [B, T] or None, as in `causal_conv`.
+        mesh (Mesh | None): the device mesh, or None for the ambient one. A "tensor" axis splits the channels, so its
+            size must divide C.
+        axis: the mesh axis that splits the sequence.
+
+    Returns:
+        [B, T, C] in x's dtype.
+    """
     K = kernel_KC.shape[0]
     B, T, C = x_BTC.shape
     mesh, n, rows = resolve_sequence_mesh(mesh, axis, None, B, T)

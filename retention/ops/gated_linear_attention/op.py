@@ -30,12 +30,23 @@ def gated_linear_attention(
     """Causal gated linear attention (GLA, a decay per key channel): S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,
     o_t = scale S_t^T q_t, from S_0 = `initial_state` (None: zeros).
 
-    q [B, T, Hq, d_k] (query head i reads kv-head i // (Hq // H)), k [B, T, H, d_k], v [B, T, H, d_v], log_g
-    [B, T, H, d_k] <= 0 (a gate below LOG_G_ZERO, -inf included, empties its channel: exp is 0 in float32),
-    segment_ids [B, T] int (the state resets where the id changes, never at token 0) or None; scale None is
-    d_k^-0.5; chunk_size one of CHUNK_SIZES or None (64, or the smallest that holds T). Returns o [B, T, Hq, d_v]
-    in v's dtype, or (o, state [B, H, d_k, d_v] float32) with `return_state`. A NaN or inf in q, k or v, or a NaN
-    gate, gives NaN in that row and the later rows of its document.
+    A NaN or inf in q, k or v, or a NaN gate, gives NaN in that row and the later rows of its document.
+
+    Args:
+        q: queries [B, T, Hq, d_k]; query head i reads kv-head i // (Hq // H).
+        k: keys [B, T, H, d_k].
+        v: values [B, T, H, d_v].
+        log_g: log decays per key channel [B, T, H, d_k], <= 0 (a gate below LOG_G_ZERO, -inf included, empties its
+            channel: exp is 0 in float32).
+        segment_ids: int [B, T]: the state resets where the id changes, never at token 0. None: one document.
+        scale: None is d_k^-0.5.
+        chunk_size: one of CHUNK_SIZES, or None (64, or the smallest that holds T).
+        initial_state: S_0 [B, H, d_k, d_v] float32, or None.
+        return_state: also return the state after the last token.
+
+    Returns:
+        (Array | tuple[Array, Array]): o [B, T, Hq, d_v] in v's dtype; with `return_state` the pair (o, state), state
+            [B, H, d_k, d_v] float32.
     """
     options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
     return full_op(
@@ -63,8 +74,23 @@ def gated_linear_attention_step(
     scale: float | None = None,
     chunk_size: int | None = None,
 ) -> tuple[Float[Array, "B n Hq dv"], Float[Array, "B H dk dv"]]:
-    """n >= 1 new tokens continuing `state`: row i of o equals row t0 + i of the full forward. Returns (o in v's
-    dtype, the new state). Up to 16 tokens form one chunk against the state; more run in chunks (`step_chunk`).
-    segment_ids [B, n] resets where the id changes inside the step; token 0 continues the state's document."""
+    """n >= 1 new tokens continuing `state`: row i of o equals row t0 + i of the full forward.
+
+    Up to 16 tokens form one chunk against the state; more run in chunks (`step_chunk`).
+
+    Args:
+        state: S after the tokens before these [B, H, d_k, d_v] float32 (`init_matrix_state` for none).
+        q: queries [B, n, Hq, d_k].
+        k: keys [B, n, H, d_k].
+        v: values [B, n, H, d_v].
+        log_g: log decays per key channel [B, n, H, d_k], <= 0.
+        segment_ids: int [B, n]: resets where the id changes inside the step; token 0 continues the state's document.
+        scale: None is d_k^-0.5.
+        chunk_size: as in `gated_linear_attention`.
+
+    Returns:
+        o: [B, n, Hq, d_v] in v's dtype.
+        state: the new state [B, H, d_k, d_v].
+    """
     options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
     return step_op(gated_linear_attention_chunked, PREFERRED_CHUNK, _check_gates, state, q, k, v, (log_g,), **options)

@@ -103,13 +103,29 @@ def power_retention_context_parallel(
 ):
     """`power_retention` with the sequence split over the mesh axis `axis` (see the module docstring).
 
-    Same arguments (segment_ids and debug_checks included), shapes and result as `power_retention` (y, or
-    (y, state) with `return_state`); `impl` is
-    the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas"). mesh: a Mesh, or
-    None for the ambient one (`jax.set_mesh`); batch_axes: the mesh axes that split the batch (default: every
-    other axis but "tensor"). T must be a multiple of the axis size, B of the batch axes' product; a "tensor" axis
-    (not among batch_axes) splits the heads, so its size must divide H and Hq. chunk_size None: the local op's
-    default for T / n tokens.
+    Same arguments (segment_ids and debug_checks included), shapes and result as `power_retention`.
+
+    Args:
+        q: queries [B, T, Hq, d].
+        k: keys [B, T, H, d].
+        v: values [B, T, H, d].
+        log_g: log gates [B, T, H], <= 0, or None.
+        segment_ids: int [B, T] or None.
+        deg: the even degree p >= 2.
+        scale: None is d^-0.5.
+        chunk_size: one of CHUNK_SIZES; None: the local op's default for T / n tokens.
+        initial_state: the state before token 0 (None: empty).
+        return_state: also return the state after the last token.
+        impl: the local op's, which runs from a state: one of STATE_IMPLS ("auto", "xla" or "pallas").
+        mesh (Mesh | None): the device mesh, or None for the ambient one (`jax.set_mesh`).
+        axis: the mesh axis that splits the sequence; T must be a multiple of its size.
+        batch_axes: the mesh axes that split the batch (default: every other axis but "tensor"); B must be a
+            multiple of their product. A "tensor" axis (not among batch_axes) splits the heads, so its size must
+            divide H and Hq.
+        debug_checks: as in `power_retention`.
+
+    Returns:
+        (Array | tuple[Array, RetentionState]): y [B, T, Hq, d], or the pair (y, state) with `return_state`.
     """
     check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, T, _, d = q.shape

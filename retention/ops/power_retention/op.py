@@ -75,13 +75,33 @@ def power_retention(
     """Causal power retention: y_i = sum_{j<=i} w_ij v_j / sum_j w_ij, w_ij = (scale q_i.k_j)^deg exp(G_i - G_j)
     for keys j of i's document, 0 for earlier documents.
 
-    q is [B, T, Hq, d], k and v [B, T, H, d] (query head i reads kv-head i // (Hq // H)), log_g [B, T, H] (<= 0;
-    -inf is an exact reset) or None, segment_ids [B, T] int (equal ids form one document, contiguous in time; the
-    state resets where the id changes, never at token 0: an initial state continues into token 0's document) or
-    None. Returns y [B, T, Hq, d] in v's dtype, or (y, state) with `return_state`, state = RetentionState with
-    S [B, H, D, d] and z [B, H, D], D = C(d + deg - 1, deg), float32. chunk_size: one of CHUNK_SIZES, or None for
-    `default_chunk_size(T)`. A NaN or inf in q, k or v, or a NaN gate, gives NaN in that row and the later rows of
-    its document; debug_checks=True raises ValueError for those, positive gates and non-contiguous documents.
+    A NaN or inf in q, k or v, or a NaN gate, gives NaN in that row and the later rows of its document.
+
+    Args:
+        q: queries [B, T, Hq, d]; query head i reads kv-head i // (Hq // H).
+        k: keys [B, T, H, d].
+        v: values [B, T, H, d].
+        log_g: log gates [B, T, H], <= 0 (-inf is an exact reset), or None for no decay.
+        segment_ids: int [B, T]: equal ids form one document, contiguous in time; the state resets where the id
+            changes, never at token 0 (an initial state continues into token 0's document). None: one document.
+        deg: the even degree p >= 2.
+        scale: a finite number > 0 multiplying q.k; None is d^-0.5.
+        chunk_size: one of CHUNK_SIZES, or None for `default_chunk_size(T)`.
+        initial_state: the state to continue from (None: empty).
+        return_state: also return the state after the last token.
+        impl: one of RETENTION_IMPLS: "auto" (the Pallas kernels on GPU and TPU where they support the shapes, else
+            "xla"), "xla" (chunked, plain JAX), "pallas" (interpreted on CPU) or "reference" (the quadratic oracle;
+            no state in or out).
+        debug_checks: raise ValueError for non-finite inputs, positive or NaN gates and non-contiguous documents,
+            also under jit.
+
+    Returns:
+        (Array | tuple[Array, RetentionState]): y [B, T, Hq, d] in v's dtype; with `return_state` the pair
+            (y, state), state a RetentionState with S [B, H, D, d] and z [B, H, D], D = C(d + deg - 1, deg), float32.
+
+    Raises:
+        ValueError: a bad shape, degree, chunk size, scale or impl, naming the argument.
+        TypeError: a bad dtype, or an initial state of another type, shape or dtype.
     """
     scale = check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, RETENTION_IMPLS)
     B, T, _, d = q.shape
@@ -120,19 +140,33 @@ def power_retention_step(
     impl: str = "auto",
     debug_checks: bool = False,
 ) -> tuple[Float[Array, "B n Hq d"], RetentionState]:
-    """n >= 1 new tokens continuing `state`: row i of y equals row t0 + i of the full forward. Returns (y in v's
-    dtype, the updated state). segment_ids [B, n] resets the state where the id changes inside the step; token 0
-    continues the state's document: to start a new one there, pass log_g = -inf at token 0 or an empty state
-    (the PowerRetention mixer records each row's last segment id and clears the state of the rows that start one).
-    debug_checks as in `power_retention` (state, q, k, v finite).
+    """n >= 1 new tokens continuing `state`: row i of y equals row t0 + i of the full forward.
 
     Up to `chunk_size` tokens (None: DEFAULT_CHUNK_SIZE) form one chunk against the state, so each row gets its
     own gate discount (the state and earlier new keys are decayed by the gates up to that row, not by all n);
     inside a compiled loop the state is updated in place. More tokens (a prompt) run the chunked op from the
     state, in chunks of `chunk_size` (None: `default_chunk_size(n)`), STEP_PIECE tokens at a time so that its
-    temporaries stay those of one piece (memory linear in n: the output, plus a constant). impl: "auto" (the
-    Pallas kernels on GPU and TPU where they support the shapes, else XLA), "xla" or "pallas" (interpreted on
-    CPU): one of STATE_IMPLS.
+    temporaries stay those of one piece (memory linear in n: the output, plus a constant).
+
+    Args:
+        state: the state after the t0 tokens before these (`init_state` for none).
+        q: queries [B, n, Hq, d].
+        k: keys [B, n, H, d].
+        v: values [B, n, H, d].
+        log_g: log gates [B, n, H], <= 0, or None.
+        segment_ids: int [B, n]: resets the state where the id changes inside the step; token 0 continues the
+            state's document. To start a new one there, pass log_g = -inf at token 0 or an empty state (the
+            PowerRetention mixer records each row's last segment id and clears the state of the rows that start one).
+        deg: the even degree p >= 2, the state's.
+        scale: as in `power_retention`.
+        chunk_size: as above.
+        impl: one of STATE_IMPLS: "auto" (the Pallas kernels on GPU and TPU where they support the shapes, else
+            XLA), "xla" or "pallas" (interpreted on CPU).
+        debug_checks: as in `power_retention` (state, q, k, v finite).
+
+    Returns:
+        y: [B, n, Hq, d] in v's dtype.
+        state: the updated state.
     """
     scale = check_op_args(q, k, v, log_g, segment_ids, deg, scale, chunk_size, impl, STATE_IMPLS)
     B, n, _, d = q.shape

@@ -41,8 +41,21 @@ def power_retention_reference(
     deg: int = 2,
     scale: float | None = None,
 ) -> Float[Array, "B T Hq d"]:
-    """y_i = sum_{j<=i} w_ij v_j / sum_j w_ij with w_ij = (scale q_i.k_j)^deg * exp(G_i - G_j) for j in i's
-    document (no reset in (j, i]), else 0; returns v's dtype."""
+    """The quadratic oracle: y_i = sum_{j<=i} w_ij v_j / sum_j w_ij with w_ij = (scale q_i.k_j)^deg * exp(G_i - G_j)
+    for j in i's document (no reset in (j, i]), else 0. O(T^2) memory, float64 for float64 inputs.
+
+    Args:
+        q: queries [B, T, Hq, d].
+        k: keys [B, T, H, d].
+        v: values [B, T, H, d].
+        log_g: log gates [B, T, H], <= 0, or None.
+        segment_ids: int [B, T] or None, as in `power_retention`.
+        deg: the even degree p >= 2.
+        scale: None is d^-0.5.
+
+    Returns:
+        y [B, T, Hq, d] in v's dtype.
+    """
     dtype = _compute_dtype(q)
     T, d = q.shape[1], q.shape[3]
     H = k.shape[2]

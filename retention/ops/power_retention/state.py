@@ -12,14 +12,29 @@ from retention.validation import check_int
 
 
 class RetentionState(NamedTuple):
-    """The state per batch row and kv-head (float32): S [B, H, D, d] and z [B, H, D], D = C(d + deg - 1, deg)."""
+    """The state per batch row and kv-head, float32; D = C(d + deg - 1, deg).
+
+    Attributes:
+        S: sum_j phi(k_j) v_j^T, decayed by the gates: [B, H, D, d].
+        z: sum_j phi(k_j), the normaliser, decayed alike: [B, H, D].
+    """
 
     S: Float[Array, "B H D d"]
     z: Float[Array, "B H D"]
 
 
 def init_state(batch: int, heads: int, head_dim: int, deg: int = 2) -> RetentionState:
-    """An empty state: S [batch, heads, D, head_dim] and z [batch, heads, D], zeros, float32."""
+    """An empty state: zeros, float32.
+
+    Args:
+        batch: rows B.
+        heads: kv-heads H.
+        head_dim: d.
+        deg: the even degree p >= 2.
+
+    Returns:
+        S [batch, heads, D, head_dim] and z [batch, heads, D], D = C(head_dim + deg - 1, deg).
+    """
     for name, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)):
         check_int(name, value)
     check_deg(deg)

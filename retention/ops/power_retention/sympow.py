@@ -21,7 +21,15 @@ from retention.ops.power_retention.validation import check_deg
 
 
 def sympow_dim(d: int, p: int) -> int:
-    """D = C(d + p - 1, p), the number of distinct monomials of degree p in d variables."""
+    """The number of distinct monomials of degree p in d variables.
+
+    Args:
+        d: the head dim.
+        p: the degree.
+
+    Returns:
+        D = C(d + p - 1, p).
+    """
     return comb(d + p - 1, p)
 
 
@@ -43,10 +51,18 @@ def sympow_weights(d: int, p: int) -> np.ndarray:
 
 
 def sympow(x: Float[Array, "..."], p: int, axis: int = -1) -> Float[Array, "..."]:
-    """phi(x) along `axis` for even p >= 2: that axis goes from d to D = C(d+p-1, p), phi(x) . phi(y) == (x . y)^p.
+    """phi(x), the symmetric power feature map: phi(x) . phi(y) == (x . y)^p.
 
     `axis=-2` builds the transposed map ([..., d, c] -> [..., D, c]) that a state write phi(K)^T V wants: on CPU
     that layout makes the write matmul about 25% faster than transposing [c, D] (experiments/PERF_LOG.md).
+
+    Args:
+        x: any array; `axis` has size d.
+        p: the even degree >= 2.
+        axis: the axis to expand.
+
+    Returns:
+        x's shape with `axis` grown from d to D = C(d + p - 1, p).
     """
     check_deg(p)
     axis = axis % x.ndim

@@ -8,9 +8,11 @@ import numpy as np
 from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_choice, concrete
 
-RETENTION_IMPLS = ("auto", "xla", "pallas", "reference")  # power_retention
+RETENTION_IMPLS = ("auto", "xla", "pallas", "reference")
+"""The `impl` values of `power_retention`."""
 STATE_IMPLS = ("auto", "xla", "pallas")  # the impls that carry a state: the decode step, context parallelism
 CHUNK_SIZES = (16, 32, 64, 128, 256, 512, 1024)
+"""The `chunk_size` values of the chunked ops (power retention and the matrix-state ops)."""
 DEFAULT_CHUNK_SIZE = 128  # fastest measured on CPU at d=64 (experiments/PERF_LOG.md)
 
 
@@ -20,14 +22,28 @@ def default_chunk_size(T: int, preferred: int = DEFAULT_CHUNK_SIZE) -> int:
 
 
 def check_chunk_size(chunk_size) -> None:
-    """chunk_size is None (the default for the length) or one of CHUNK_SIZES, an int (16.0 is not)."""
+    """Check a chunk size: None (the default for the length) or one of CHUNK_SIZES, an int (16.0 is not).
+
+    Args:
+        chunk_size (int | None): the chunk size to check.
+
+    Raises:
+        ValueError: when it is not.
+    """
     if chunk_size is not None and not isinstance(chunk_size, (int, np.integer)):
         raise ValueError(f"chunk_size must be None or an int, one of {CHUNK_SIZES}, got {chunk_size!r}")
     check_choice("chunk_size", chunk_size, (None, *CHUNK_SIZES))
 
 
 def check_deg(deg) -> None:
-    """deg must be an even integer >= 2 (numpy ints too; bools are not ints here)."""
+    """Check a degree: an even integer >= 2 (numpy ints too; bools are not ints here).
+
+    Args:
+        deg (int): the degree to check.
+
+    Raises:
+        ValueError: when it is not.
+    """
     if isinstance(deg, bool) or not isinstance(deg, (int, np.integer)) or deg < 2 or deg % 2:
         raise ValueError(f"deg must be an even integer >= 2 (2, 4, ...), got {deg!r}")
 
