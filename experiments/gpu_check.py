@@ -254,7 +254,14 @@ def main(argv=None):
     log(f"device {device.device_kind} ({backend} kernels{', interpreted' if args.quick else ''}) B=1 H={H} d={d}")
 
     default = kernels.candidate_block_sizes(backend, d)[0]
-    errors = check(sizes["check_T"], H, d, dataclasses.replace(default, chunk=16) if args.quick else default)
+    try:
+        errors = check(sizes["check_T"], H, d, dataclasses.replace(default, chunk=16) if args.quick else default)
+    except Exception as error:  # the kernels do not compile here: say so in the JSON (gpu_kernel_matrix says where)
+        failed = dict(
+            device=device.device_kind, jax=jax.__version__, correctness={"failed": f"{type(error).__name__}: {error}"}
+        )
+        write_json(failed, out)
+        raise
     ok = max(errors.values()) < 1e-4
     log(f"correctness T={sizes['check_T']}: " + " ".join(f"{n} {e:.1e}" for n, e in errors.items()) + (" ok" * ok))
 
@@ -303,11 +310,15 @@ def main(argv=None):
         "lm_step_seconds": lm,
         "wall_seconds": time.perf_counter() - START,
     }
+    write_json(report, out)
+    return report
+
+
+def write_json(report: dict, out: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     log(f"wrote {out}")
-    return report
 
 
 if __name__ == "__main__":

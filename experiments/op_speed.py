@@ -6,6 +6,10 @@ writes JSON.
     python -m experiments.op_speed            # T = 1k .. 64k (about 25 minutes on 2 cores)
     python -m experiments.op_speed --quick    # T = 1k .. 4k (about a minute)
     python -m experiments.op_speed --lengths 1024 4096 --skip-decode --merge   # add rows to the JSON
+    python -m experiments.op_speed --dtype bfloat16 --repeats 10 --out $OUT/op_speed_gpu.json   # on a GPU
+
+On a GPU, power retention runs both its XLA path and the Pallas kernels, and softmax (bf16) both the blockwise XLA
+path and cuDNN's flash attention; PyTorch's SDPA runs on the GPU too where torch sees it.
 
 FLOP counts (DESIGN section 1, per head): power forward 4*T*D*d (state write and read) + 2*T*c*d (inside
 chunks); causal softmax forward 2*T^2*d; the matrix-state ops 2*T*c*(d_k + d_v) inside chunks plus 4*T*d_k*d_v
@@ -16,6 +20,7 @@ for the state (the delta rule twice both, for its keys' Gram matrix, W S and the
 import argparse
 import json
 import os
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +57,8 @@ def matrix_state_flops(T, H, d, chunk, delta_rule=False):
     return (2 if delta_rule else 1) * H * (2 * T * chunk * 2 * d + 4 * T * d * d)
 
 
+POWER_LABEL = {"xla": "", "pallas": " pallas"}  # the rows' names: "power c=128" is the XLA path, as in older JSON
+SOFTMAX_LABEL = {"xla": "blockwise", "cudnn": "cudnn"}
 MATRIX_STATE_CHUNK = 64
 MATRIX_STATE_OPS = ("linear_attention", "gla", "gated_delta_rule")
 
@@ -82,19 +89,36 @@ def train_fns(op):
 
 def time_training(args, T, rows):
     B, H, d = args.batch, args.heads, args.head_dim
-    q, k, v, ct = jax.random.normal(jax.random.key(T), (4, B, T, H, d), jnp.float32)
+    q, k, v, ct = jax.random.normal(jax.random.key(T), (4, B, T, H, d), jnp.float32).astype(args.dtype)
+    power_impls = ("xla", "pallas") if jax.default_backend() == "gpu" else ("xla",)
     variants = [
-        (f"power c={c}", lambda q, k, v, c=c: power_retention(q, k, v, chunk_size=c), power_flops(T, H, d, 2, c))
+        (
+            f"power{POWER_LABEL[impl]} c={c}",
+            partial(power_retention, chunk_size=c, impl=impl),
+            power_flops(T, H, d, 2, c),
+        )
+        for impl in power_impls
         for c in args.chunks
     ]
-    variants.append(("softmax blockwise", lambda q, k, v: softmax_attention(q, k, v), softmax_flops(T, H, d)))
+    softmax_impls = ("xla", "cudnn") if jax.default_backend() == "gpu" and args.dtype == "bfloat16" else ("xla",)
+    variants += [
+        (f"softmax {SOFTMAX_LABEL[impl]}", partial(softmax_attention, impl=impl), softmax_flops(T, H, d))
+        for impl in softmax_impls
+    ]
     variants += [v for v in matrix_state_variants(B, T, H, d) if v[0].split()[0] in args.matrix_state_ops]
     for name, op, flops in variants:
         fwd, fwd_bwd = train_fns(op)
-        t_f = median_seconds(fwd, q, k, v, repeats=args.repeats)
-        t_fb = median_seconds(fwd_bwd, q, k, v, ct, repeats=args.repeats)
+        try:
+            t_f = median_seconds(fwd, q, k, v, repeats=args.repeats)
+            t_fb = median_seconds(fwd_bwd, q, k, v, ct, repeats=args.repeats)
+        except Exception as error:  # a kernel's first run on a device: the error is the row, the other ops go on
+            if not args.keep_going:
+                raise
+            rows.append(dict(kind="failed", name=name, T=T, error=f"{type(error).__name__}: {str(error)[:2000]}"))
+            print(f"{name} T={T} failed: {rows[-1]['error'][:300]}", flush=True)
+            continue
         rows.append(train_row(name, T, t_f, t_fb, flops))
-    torch_row = time_torch_sdpa(B, T, H, d, args.repeats)
+    torch_row = time_torch_sdpa(B, T, H, d, args.repeats, args.dtype)
     if torch_row:
         rows.append(torch_row)
 
@@ -113,36 +137,45 @@ def train_row(name, T, t_f, t_fb, flops):
     )
 
 
-def time_torch_sdpa(B, T, H, d, repeats):
-    """PyTorch's CPU scaled_dot_product_attention (flash kernel) as the outside reference, if torch is installed."""
+def time_torch_sdpa(B, T, H, d, repeats, dtype):
+    """PyTorch's scaled_dot_product_attention (its flash kernel) as the outside reference, if torch is installed:
+    on the GPU when JAX runs on one and torch sees it (each call synchronised), on the CPU otherwise."""
     try:
         import torch
     except ImportError:
         return None
 
-    q, k, v = (torch.randn(B, H, T, d, requires_grad=True) for _ in range(3))
+    on_gpu = jax.default_backend() == "gpu" and torch.cuda.is_available()
+    device, sync = ("cuda", torch.cuda.synchronize) if on_gpu else ("cpu", lambda: None)
+    options = dict(device=device, dtype=getattr(torch, jnp.dtype(dtype).name), requires_grad=True)
+    q, k, v = (torch.randn(B, H, T, d, **options) for _ in range(3))
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    t_f = median_seconds(lambda: sdpa().detach(), repeats=repeats)
-    t_fb = median_seconds(lambda: sdpa().sum().backward(), repeats=repeats)
-    return train_row("torch sdpa", T, t_f, t_fb, softmax_flops(T, H, d))
+
+    def synced(fn):
+        fn()
+        sync()
+
+    t_f = median_seconds(lambda: synced(lambda: sdpa().detach()), repeats=repeats)
+    t_fb = median_seconds(lambda: synced(lambda: sdpa().float().sum().backward()), repeats=repeats)
+    return train_row(f"torch sdpa {device}", T, t_f, t_fb, softmax_flops(T, H, d))
 
 
 def time_decode(args, context, rows):
     """Seconds per token of n steps inside one compiled scan, for the power state and a KV cache at `context`."""
     B, H, d, n = args.batch, args.heads, args.head_dim, args.decode_tokens
-    q, k, v = jax.random.normal(jax.random.key(context), (3, n, B, 1, H, d), jnp.float32)
+    q, k, v = jax.random.normal(jax.random.key(context), (3, n, B, 1, H, d), jnp.float32).astype(args.dtype)
 
     state = init_state(B, H, d, 2)
     state = state._replace(S=jax.random.normal(jax.random.key(1), state.S.shape), z=jnp.abs(state.z) + 1.0)
-    cache = init_kv_cache(B, H, d, context + n)
-    kc, vc = jax.random.normal(jax.random.key(2), (2,) + cache.k.shape)
+    cache = init_kv_cache(B, H, d, context + n, args.dtype)
+    kc, vc = jax.random.normal(jax.random.key(2), (2,) + cache.k.shape).astype(args.dtype)
     slots = jnp.arange(context + n, dtype=jnp.int32)
     pos = jnp.where(slots < context, slots, -1)  # filled to `context`
     cache = cache._replace(k=kc, v=vc, pos=pos, length=jnp.asarray(context, jnp.int32))
     t_power = median_seconds(scan_steps(power_retention_step), state, q, k, v, repeats=args.repeats) / n
     t_kv = median_seconds(scan_steps(softmax_attention_step), cache, q, k, v, repeats=args.repeats) / n
     state_bytes = sum(x.nbytes for x in state)
-    kv_bytes = 2 * B * context * H * d * 4
+    kv_bytes = 2 * B * context * H * d * jnp.dtype(args.dtype).itemsize
     rows.append(
         dict(
             kind="decode",
@@ -188,7 +221,7 @@ def time_matrix_state_decode(args, rows):
     """Seconds per token of each matrix-state op's decode step in a compiled loop (its state does not depend on
     the context, so one row per op) and its state bytes."""
     B, H, d, n = args.batch, args.heads, args.head_dim, args.decode_tokens
-    q, k, v = jax.random.normal(jax.random.key(3), (3, n, B, 1, H, d), jnp.float32)
+    q, k, v = jax.random.normal(jax.random.key(3), (3, n, B, 1, H, d), jnp.float32).astype(args.dtype)
     state = jax.random.normal(jax.random.key(4), (B, H, d, d), jnp.float32)
     for name, step in matrix_state_step_fns().items():
         if name in args.matrix_state_ops:
@@ -196,32 +229,34 @@ def time_matrix_state_decode(args, rows):
             rows.append(dict(kind="decode_op", name=name, ms_per_token=t * 1e3, state_bytes=state.nbytes))
 
 
-def print_tables(rows, peak):
-    print(f"\nmatmul rate (4096^3, float32): {peak:.0f} GFLOP/s")
-    print(f"\n{'variant':<24}{'T':>7}{'fwd s':>9}{'GF/s':>7}{'%peak':>7}{'fwd+bwd s':>11}{'GF/s':>7}{'%peak':>7}")
+def print_tables(rows, peak, dtype):
+    print(f"\nmatmul rate (4096^3, {dtype}): {peak:.0f} GFLOP/s")
+    print(f"\n{'variant':<24}{'T':>7}{'fwd ms':>11}{'GF/s':>7}{'%peak':>7}{'fwd+bwd ms':>12}{'GF/s':>7}{'%peak':>7}")
     for r in (r for r in rows if r["kind"] == "train"):
-        fwd = f"{r['fwd_s']:>9.3f}{r['gflops_fwd']:>7.0f}{100 * r['gflops_fwd'] / peak:>7.0f}"
-        fwd_bwd = f"{r['fwd_bwd_s']:>11.3f}{r['gflops_fwd_bwd']:>7.0f}{100 * r['gflops_fwd_bwd'] / peak:>7.0f}"
+        fwd = f"{1e3 * r['fwd_s']:>11.3f}{r['gflops_fwd']:>7.0f}{100 * r['gflops_fwd'] / peak:>7.0f}"
+        fwd_bwd = f"{1e3 * r['fwd_bwd_s']:>12.3f}{r['gflops_fwd_bwd']:>7.0f}{100 * r['gflops_fwd_bwd'] / peak:>7.0f}"
         print(f"{r['name']:<24}{r['T']:>7}{fwd}{fwd_bwd}")
-    print(f"\n{'T':>7}{'best power fwd+bwd s':>22}{'softmax fwd+bwd s':>19}{'speed-up':>10}")
+    print(f"\n{'T':>7}{'best power fwd+bwd ms':>23}{'softmax fwd+bwd ms':>20}{'speed-up':>10}")
     for T in sorted({r["T"] for r in rows if r["kind"] == "train"}):
         at_T = [r for r in rows if r["kind"] == "train" and r["T"] == T]
-        power = min(r["fwd_bwd_s"] for r in at_T if r["name"].startswith("power"))
-        soft = min(r["fwd_bwd_s"] for r in at_T if r["name"].startswith(("softmax", "torch")))
-        print(f"{T:>7}{power:>22.3f}{soft:>19.3f}{soft / power:>10.1f}")
+        power = min((r["fwd_bwd_s"] for r in at_T if r["name"].startswith("power")), default=float("nan"))
+        soft = min((r["fwd_bwd_s"] for r in at_T if r["name"].startswith(("softmax", "torch"))), default=float("nan"))
+        print(f"{T:>7}{1e3 * power:>23.3f}{1e3 * soft:>20.3f}{soft / power:>10.1f}")
     matrix_state = [r for r in rows if r["kind"] == "train" and r["name"].split()[0] in MATRIX_STATE_OPS]
     if matrix_state:
-        print(f"\n{'matrix-state op':<26}{'T':>7}{'fwd+bwd s':>11}{'/ best power':>14}")
+        print(f"\n{'matrix-state op':<26}{'T':>7}{'fwd+bwd ms':>12}{'/ best power':>14}")
         for r in matrix_state:
             at_T = [p for p in rows if p["kind"] == "train" and p["T"] == r["T"] and p["name"].startswith("power")]
-            power = min(p["fwd_bwd_s"] for p in at_T)
-            print(f"{r['name']:<26}{r['T']:>7}{r['fwd_bwd_s']:>11.3f}{r['fwd_bwd_s'] / power:>14.2f}")
+            power = min((p["fwd_bwd_s"] for p in at_T), default=float("nan"))
+            print(f"{r['name']:<26}{r['T']:>7}{1e3 * r['fwd_bwd_s']:>12.3f}{r['fwd_bwd_s'] / power:>14.2f}")
     header = f"{'context':>8}{'power ms/tok':>14}{'KV ms/tok':>11}{'speed-up':>10}{'state':>10}{'KV cache':>12}"
     print(f"\n{header}{'bytes x':>9}")
     for r in (r for r in rows if r["kind"] == "decode"):
         times = f"{r['power_ms_per_token']:>14.3f}{r['kv_ms_per_token']:>11.3f}{r['speedup']:>10.1f}"
         sizes = f"{human_bytes(r['state_bytes']):>10}{human_bytes(r['kv_bytes']):>12}{r['byte_ratio']:>9.1f}"
         print(f"{r['T']:>8}{times}{sizes}")
+    for r in (r for r in rows if r["kind"] == "failed"):
+        print(f"\nfailed: {r['name']} T={r['T']}: {r['error'][:300]}")
     ops = [r for r in rows if r["kind"] == "decode_op"]
     if ops:
         print(f"\n{'matrix-state decode':<22}{'ms/tok':>9}{'state':>10}  (any context)")
@@ -240,8 +275,12 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of q, k, v and caches")
     parser.add_argument("--matrix-state-ops", nargs="*", default=list(MATRIX_STATE_OPS), choices=MATRIX_STATE_OPS)
     parser.add_argument("--skip-decode", action="store_true", help="time training only")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="record a variant that raises as a 'failed' row and go on"
+    )
     parser.add_argument("--merge", action="store_true", help="keep the JSON's rows; add the rows it does not have")
     parser.add_argument("--note", default="", help="the machine's state (e.g. pinned to one core, shared), recorded")
     parser.add_argument("--out", default="results/op_speed.json")
@@ -252,7 +291,7 @@ def main(argv=None):
     lengths = args.lengths or ([1024, 2048, 4096] if args.quick else [1024, 4096, 16384, 32768, 65536])
     contexts = args.contexts or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536])
 
-    peak = matmul_gflops()
+    peak = matmul_gflops(dtype=jnp.dtype(args.dtype))
     rows = []
     for T in tqdm(lengths, desc="training lengths"):
         time_training(args, T, rows)
@@ -260,7 +299,6 @@ def main(argv=None):
         time_decode(args, context, rows)
     if not args.skip_decode:
         time_matrix_state_decode(args, rows)
-    print_tables(rows, peak)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     machine = dict(
         backend=jax.default_backend(), devices=[str(x) for x in jax.devices()], cpus=os.cpu_count(), jax=jax.__version__
@@ -277,6 +315,7 @@ def main(argv=None):
         result.setdefault("merged", []).append(dict(config=vars(args), matmul_gflops=peak, rows=len(added)))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
+    print_tables(rows, peak, args.dtype)
     print(f"\nwrote {args.out}")
 
 

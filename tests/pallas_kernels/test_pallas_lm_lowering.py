@@ -76,3 +76,17 @@ def test_lowering_for_names_its_backend():
     with pytest.raises(ValueError, match="backend"):
         with lowering_for("cuda"):
             pass
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_auto_takes_the_kernels_on_tpu_only(platform):
+    """impl="auto" lowers power retention to the kernels for a TPU and to the XLA path for a GPU, where the Triton
+    kernels did not compile on the first H200 run (experiments/PERF_LOG.md, 2026-12-04)."""
+    from retention import power_retention
+
+    x = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.bfloat16)
+    op = lambda q, k, v: power_retention(q, k, v, impl="auto")
+    with jax.enable_x64(False), lowering_for("tpu" if platform == "tpu" else "gpu"):
+        module = jax.export.export(jax.jit(op), platforms=[platform], disabled_checks=[TRITON])(x, x, x).mlir_module()
+    kernel_call = DEVICES[platform][2]
+    assert (kernel_call in module) == (platform == "tpu")

@@ -7,7 +7,10 @@ impl = "auto" | "xla" | "pallas" | "reference":
 - "pallas": the Pallas kernels (`pallas.py`), interpreted on CPU; raises NotImplementedError or ValueError for
   what they do not support (degree 2 only; on GPU powers of two). Under a mesh they run in a shard_map over its
   batch and head axes (`pallas_mesh.py`); their chunk size, when none is given, is the kernels' (BlockSizes);
-- "auto": the Pallas kernels on GPU and TPU where they support the shapes and dtype, else the XLA path.
+- "auto": the Pallas kernels on TPU where they support the shapes and dtype, else the XLA path, on GPU too: on the
+  first real GPU run (one H200, jax 0.11.2, 2026-12-04, experiments/PERF_LOG.md) the Triton kernels did not
+  compile for bf16 inputs (a boolean moved through shared memory) nor for float32 at chunk 128 (shared memory),
+  so on a GPU they run only when asked for ("pallas") until a device run shows them compiling and matching.
 Resets: `segment_ids` and -inf gates clear the state exactly (`gates.py`, on every path, the kernels included);
 non-finite inputs give NaN in the rows that see them, never zeros; `debug_checks=True` raises on them instead (a
 host callback, also under jit).
@@ -47,11 +50,11 @@ def run_debug_checks(q, k, v, log_g, segment_ids, state, state_name: str) -> Non
 
 
 def _use_pallas(impl: str, q, k, deg: int, chunk_size: int | None) -> bool:
-    """Whether `impl` runs the Pallas kernels: always for "pallas"; for "auto" on GPU or TPU when they support
-    the degree, shapes and dtype."""
+    """Whether `impl` runs the Pallas kernels: always for "pallas"; for "auto" on TPU when they support the
+    degree, shapes and dtype (not on GPU: the module docstring says why)."""
     if impl == "pallas":
         return True
-    if impl != "auto" or target_platform() not in ("gpu", "tpu") or q.dtype not in (jnp.float32, jnp.bfloat16):
+    if impl != "auto" or target_platform() != "tpu" or q.dtype not in (jnp.float32, jnp.bfloat16):
         return False
     return pallas_supports(deg, q.shape[-1], q.shape[2] // k.shape[2], chunk_size)
 
@@ -89,7 +92,7 @@ def power_retention(
         chunk_size: one of CHUNK_SIZES, or None for `default_chunk_size(T)`.
         initial_state: the state to continue from (None: empty).
         return_state: also return the state after the last token.
-        impl: one of RETENTION_IMPLS: "auto" (the Pallas kernels on GPU and TPU where they support the shapes, else
+        impl: one of RETENTION_IMPLS: "auto" (the Pallas kernels on TPU where they support the shapes, else
             "xla"), "xla" (chunked, plain JAX), "pallas" (interpreted on CPU) or "reference" (the quadratic oracle;
             no state in or out).
         debug_checks: raise ValueError for non-finite inputs, positive or NaN gates and non-contiguous documents,
@@ -160,7 +163,7 @@ def power_retention_step(
         deg: the even degree p >= 2, the state's.
         scale: as in `power_retention`.
         chunk_size: as above.
-        impl: one of STATE_IMPLS: "auto" (the Pallas kernels on GPU and TPU where they support the shapes, else
+        impl: one of STATE_IMPLS: "auto" (the Pallas kernels on TPU where they support the shapes, else
             XLA), "xla" or "pallas" (interpreted on CPU).
         debug_checks: as in `power_retention` (state, q, k, v finite).
 
