@@ -765,13 +765,13 @@ LONG = Preset(
 
 # The long preset at this CPU's size, a first reach to 64k: seven mixers (A, W at the P state's bytes, P, the PA
 # hybrid, D, G, M), one seed, one lr (1e-2: what the cpu preset's text sweep chose, a 60-step smoke sweep at
-# T = 256, so weak evidence; one lr for want of CPU time), 250 steps of 4 x 2048 (2.0M tokens, a fifth of an epoch
+# T = 256, so weak evidence; one lr for want of CPU time), 500 steps of 4 x 2048 (4.1M tokens, a third of an epoch
 # of the training split). Not converged and one seed: it measures how each model's loss moves with position to
 # 65,536 after the same short training, not the models' final quality; its notes say so.
 LONG_CPU_TEXT = (
     *(o for o in LONG_TEXT if not o.startswith(("data.batch_size=", "trainer.steps="))),
     "data.batch_size=4",
-    "trainer.steps=250",
+    "trainer.steps=500",
 )
 LONG_CPU_ENTRIES = {
     k: LONG_ENTRIES[k] for k in ("softmax", "swa_matched", "power", "hybrid", "gated_deltanet", "gla", "mamba2")
