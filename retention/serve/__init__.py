@@ -1,9 +1,10 @@
 """Serving on top of the LM: prefix snapshots (snapshot_value.py the value, snapshot.py: a prefilled cache to
-continue, fork, save and load), a slot engine (engine.py: requests joining and leaving one compiled decode step),
-greedy speculative decoding with rollback (speculative.py), recurrent states quantized at rest (quantized_state.py),
-and what these and `retention.generate` share: prompts (prompts.py), the sampler and its settings (sampling.py) and
-the caches' limits read from the mixer registry (cache_limits.py). `generate` builds on this package, which imports
-neither it nor the trainer. The names load on first use (PEP 562), as in the package face."""
+continue, fork, resize, save and load), a slot engine (engine.py: queued requests joining and leaving one compiled
+decode step), greedy speculative decoding with rollback (speculative.py), recurrent states quantized at rest
+(quantized_state.py), and what these and `retention.generate` share: prompts (prompts.py), the sampler and its
+settings (sampling.py) and the caches' limits read from the mixer registry (cache_limits.py). `generate` builds on
+this package, which imports neither it nor the trainer. The names load on first use (PEP 562), as in the package
+face."""
 
 import importlib
 
@@ -23,6 +24,7 @@ _HOMES = {
         "fork",
         "load_snapshot",
         "prefill",
+        "resize",
         "save_snapshot",
         "snapshot_bytes",
     ),

@@ -1,14 +1,17 @@
-"""A slot engine: B requests decoded together, each in its own slot with its own cache, position, segment and
-sampling settings; requests join (prefilled alone, or from a one-row Snapshot) and leave (eos or length) between
-steps, and one compiled step decodes the whole slot batch.
+"""A slot engine with a queue: B requests decoded together, each in its own slot with its own cache, position,
+segment and sampling settings; submitted requests wait in a first-come-first-served queue, join (prefilled alone,
+or from a one-row Snapshot of any shapes that fit) as slots free, and leave (eos or length) between steps; one
+compiled step decodes the whole slot batch.
 
 The slot batch is a stack of one-row LMCaches (a leading slot axis over each cache's arrays), and the step is the
 LM's decode step vmapped over it: each slot keeps its own token count and KV-cache fill, so requests of any
 lengths share the step, and each request's tokens are those of its run alone. A joining request's cache is
-written into its slot by one compiled insert.
+written into its slot by one compiled insert (a snapshot made for another max_len or step_tokens resized first).
 """
 
+import collections
 import dataclasses
+from collections.abc import Iterator
 from functools import partial
 
 import jax
@@ -17,17 +20,17 @@ from flax import nnx
 
 from retention.nn import LM
 from retention.serve.cache_limits import check_room
-from retention.serve.prompts import check_prompt
+from retention.serve.prompts import check_prompt, check_prompt_ids
 from retention.serve.quantized_state import STATE_FORMATS, round_trip_states
 from retention.serve.sampling import check_sampling, sample
-from retention.serve.snapshot import check_snapshot, prefill
+from retention.serve.snapshot import check_snapshot, prefill, resize
 from retention.serve.snapshot_value import Snapshot
 from retention.validation import check_choice, check_int
 
 
 @dataclasses.dataclass
 class Request:
-    """A request in a slot: its id, settings and the tokens generated so far."""
+    """A request, queued or in a slot: its id, settings and the tokens generated so far."""
 
     id: int
     max_new_tokens: int
@@ -35,29 +38,49 @@ class Request:
     tokens: list[int] = dataclasses.field(default_factory=list)
 
 
-class Engine:
-    """A slot engine: `slots` requests decoded as one batch, each joining and leaving one compiled decode step.
+@dataclasses.dataclass(frozen=True)
+class _Waiting:
+    """A checked request in the queue: what it starts from (a prompt [1, T] or a one-row Snapshot) and how it
+    samples."""
 
-    A request's tokens are drawn from its own key, folded with the token's index (greedy: argmax), and equal those
-    of the request run alone.
+    request: Request
+    start: jax.Array | Snapshot
+    temperature: float
+    top_k: int
+    key: jax.Array
+
+
+class Engine:
+    """A slot engine: `slots` requests decoded as one batch, each joining and leaving one compiled decode step, the
+    rest waiting in a queue.
+
+    Queue policy: first come, first served. `submit` checks a request and queues it; a queued request joins the
+    lowest free slot as soon as one is free (at once when one is free at submit, else at the end of the step
+    where a request leaves), in the order submitted, and a request in a slot runs until its eos or max_new_tokens
+    (no preemption). So between calls no slot is free while a request waits. A request's tokens are drawn from
+    its own key, folded with the token's index (greedy: argmax), and equal those of the request run alone.
 
     ```python
     engine = Engine(model, slots=4, max_len=4096)
     a = engine.submit(prompt_T, max_new_tokens=64, eos_id=0)
     b = engine.submit(snapshot, max_new_tokens=32, temperature=0.8, key=jax.random.key(1))
-    tokens = engine.run()  # {request id: its generated tokens}
+    for request_id, token in engine.stream():  # each token as it is made
+        ...
+    tokens = engine.run()  # {request id: its generated tokens}, once every request has left
     ```
 
     Args:
         model: the LM.
         slots: the requests decoded at once.
         max_len: each slot's cache holds up to this many tokens, prompt and generated.
-        step_tokens: the prefill's (a snapshot joining must have been made with the same max_len and step_tokens).
+        step_tokens: the caches' step size (a W layer's ring buffer holds window + step_tokens - 1 slots); a
+            snapshot made for another max_len or step_tokens is resized to the engine's when it joins.
         state_format (int | str | None): 8, 4 or "fp8": every decode step reads the recurrent states re-quantized
             per row, as `generate(..., state_format=...)` does; None: float32.
 
     Attributes:
         finished: {request id: its generated tokens} for the requests that left.
+        requests: each slot's Request, None when the slot is free.
 
     Raises:
         TypeError: `model` is not an LM.
@@ -82,7 +105,13 @@ class Engine:
         self.count_S = jnp.zeros((slots,), jnp.int32)
         self.requests: list[Request | None] = [None] * slots
         self.finished: dict[int, list[int]] = {}
+        self._queue: collections.deque[_Waiting] = collections.deque()
         self._next_id = 0
+
+    @property
+    def waiting(self) -> list[int]:
+        """The ids of the queued requests, in the order they will join."""
+        return [w.request.id for w in self._queue]
 
     def submit(
         self,
@@ -94,68 +123,86 @@ class Engine:
         key=None,
         eos_id: int | None = None,
     ) -> int:
-        """Put a request in a free slot.
+        """Check a request and queue it: it joins a slot at once when one is free, else when one frees (first come,
+        first served). A request that cannot run is refused here, before any work.
 
         Args:
-            start (Array | Snapshot): a prompt (int array [T] or [1, T], prefilled alone) or a one-row Snapshot made
-                with this engine's max_len and step_tokens.
-            max_new_tokens: the most tokens to generate.
+            start (Array | Snapshot): a prompt (int array [T] or [1, T] of ids in [0, vocab_size), at most max_len
+                tokens; prefilled alone when it joins) or a one-row Snapshot of this model (any max_len and
+                step_tokens: resized when it joins).
+            max_new_tokens: the most tokens to generate; the tokens held and these must fit in max_len when a layer's
+                cache keeps every token.
             temperature: 0 is greedy; otherwise the sampling temperature.
             top_k: sample from the top_k most likely tokens; None: all.
             key (PRNGKeyArray | None): the request's key (None: key 0; greedy never draws).
             eos_id: the request leaves after generating this token.
 
         Returns:
-            The request's id.
+            The request's id (0, 1, ... in the order submitted).
 
         Raises:
-            ValueError: every slot holds a request, or the request would not fit in max_len.
+            TypeError: start is neither an array nor a Snapshot.
+            ValueError: naming the argument, its value and what is allowed: a prompt of another shape, empty, with
+                ids outside the vocabulary or longer than max_len; a snapshot of another model or of several rows;
+                no room for max_new_tokens; sampling settings the model cannot use.
         """
         vocab = self.model.config.vocab_size
         check_int("max_new_tokens", max_new_tokens)
         check_sampling(vocab, temperature=temperature, top_k=top_k, key=key, eos_id=eos_id)
-        if None not in self.requests:
-            raise ValueError(f"the slot batch is full: all slots={self.slots} hold requests (step until one leaves)")
-        snapshot = self._snapshot(start)
-        held = int(snapshot.caches.length)
+        start = self._checked_start(start)
+        held = int(start.caches.length) if isinstance(start, Snapshot) else start.shape[1]
         check_room(self.model.config, held, max_new_tokens, self.max_len, f"max_new_tokens={max_new_tokens}")
-        slot = self.requests.index(None)
-        self.caches, self.logits_S1V = _insert(self.caches, self.logits_S1V, snapshot.caches, snapshot.logits, slot)
-        key = jax.random.key(0) if key is None else key
-        self.temperature_S = self.temperature_S.at[slot].set(temperature)
-        self.top_k_S = self.top_k_S.at[slot].set(vocab if top_k is None else top_k)
-        self.key_S = self.key_S.at[slot].set(key)
-        self.count_S = self.count_S.at[slot].set(0)
-        self.requests[slot] = Request(self._next_id, max_new_tokens, eos_id)
+        request = Request(self._next_id, max_new_tokens, eos_id)
         self._next_id += 1
-        return self.requests[slot].id
+        key = jax.random.key(0) if key is None else key
+        self._queue.append(_Waiting(request, start, temperature, vocab if top_k is None else top_k, key))
+        self._admit()
+        return request.id
 
-    def _snapshot(self, start) -> Snapshot:
-        """A one-row snapshot with this engine's cache shapes, from a prompt or a snapshot."""
-        if not isinstance(start, Snapshot):
-            prompt = jnp.asarray(start)
-            if prompt.ndim == 1:
-                prompt = prompt[None]
-            if prompt.ndim != 2 or prompt.shape[0] != 1:
-                raise ValueError(f"a prompt must be an int array [T] or [1, T], got shape {prompt.shape}")
-            check_prompt("start", prompt)
-            return prefill(self.model, prompt, max_len=self.max_len, step_tokens=self.step_tokens)
-        check_snapshot(self.model, start, "start")
-        if start.rows != 1:
-            raise ValueError(f"start must be a one-row snapshot, got {start.rows} rows (fork makes rows, not slots)")
-        if (start.max_len, start.step_tokens) != (self.max_len, self.step_tokens):
+    def _checked_start(self, start) -> jax.Array | Snapshot:
+        """`start` checked: a prompt as int32 [1, T], or the snapshot."""
+        if isinstance(start, Snapshot):
+            check_snapshot(self.model, start, "start")
+            if start.rows != 1:
+                raise ValueError(
+                    f"start must be a one-row snapshot, got {start.rows} rows (fork makes rows, not slots)"
+                )
+            return start
+        prompt = jnp.asarray(start)
+        if prompt.ndim == 1:
+            prompt = prompt[None]
+        if prompt.ndim != 2 or prompt.shape[0] != 1:
+            raise ValueError(f"a prompt must be an int array [T] or [1, T], got shape {prompt.shape}")
+        check_prompt("start", prompt)
+        check_prompt_ids(prompt, None, self.model.config.vocab_size)
+        if prompt.shape[1] > self.max_len:
             raise ValueError(
-                f"start was prefilled with max_len={start.max_len}, step_tokens={start.step_tokens}; this engine's "
-                f"caches are max_len={self.max_len}, step_tokens={self.step_tokens}"
+                f"start is a prompt of {prompt.shape[1]} tokens, more than this engine's max_len={self.max_len}"
             )
-        return start
+        return prompt.astype(jnp.int32)
+
+    def _admit(self) -> None:
+        """Queued requests into the free slots, first come first served, each into the lowest free slot."""
+        while self._queue and None in self.requests:
+            waiting = self._queue.popleft()
+            slot = self.requests.index(None)
+            if isinstance(waiting.start, Snapshot):
+                snapshot = resize(self.model, waiting.start, max_len=self.max_len, step_tokens=self.step_tokens)
+            else:
+                snapshot = prefill(self.model, waiting.start, max_len=self.max_len, step_tokens=self.step_tokens)
+            self.caches, self.logits_S1V = _insert(self.caches, self.logits_S1V, snapshot.caches, snapshot.logits, slot)
+            self.temperature_S = self.temperature_S.at[slot].set(waiting.temperature)
+            self.top_k_S = self.top_k_S.at[slot].set(waiting.top_k)
+            self.key_S = self.key_S.at[slot].set(waiting.key)
+            self.count_S = self.count_S.at[slot].set(0)
+            self.requests[slot] = waiting.request
 
     def step(self) -> dict[int, int]:
         """One token for every request in a slot (one compiled call); requests that reach their eos or max_new_tokens
-        leave (their tokens go to `finished`).
+        leave (their tokens go to `finished`) and queued requests join the slots they free.
 
         Returns:
-            {request id: token} for the requests that were in a slot.
+            {request id: token} for the requests that were in a slot, in slot order.
         """
         active = [r is not None for r in self.requests]
         if not any(active):
@@ -183,16 +230,27 @@ class Engine:
             if token == request.eos_id or len(request.tokens) == request.max_new_tokens:
                 self.finished[request.id] = request.tokens
                 self.requests[slot] = None
+        self._admit()
         return out
 
+    def stream(self) -> Iterator[tuple[int, int]]:
+        """Step until no request is in a slot or waiting, yielding each token as it is made. Requests submitted
+        while iterating join too.
+
+        Yields:
+            (request id, token), a step's tokens in slot order.
+        """
+        while any(r is not None for r in self.requests):
+            yield from self.step().items()
+
     def run(self) -> dict[int, list[int]]:
-        """Step until every slot is free.
+        """Step until every request, queued ones too, has left.
 
         Returns:
             `finished`: {request id: its generated tokens}.
         """
-        while any(r is not None for r in self.requests):
-            self.step()
+        for _ in self.stream():
+            pass
         return self.finished
 
 

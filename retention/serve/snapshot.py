@@ -5,6 +5,7 @@ values, float or quantized; the tokens seen; each row's segment id and next RoPE
 logits (the first new token's distribution) and, as static fields, the model config it came from, a digest of the
 model's weights, max_len and step_tokens (the caches' shapes). `prefill` makes one; `extend` runs more tokens into
 it; `generate(model, suffix, n, start=snapshot)` continues from it; `fork` copies a one-row snapshot to n rows;
+`resize` moves its caches into those of another max_len and step_tokens (a KV cache's tokens into other slots);
 `save_snapshot` / `load_snapshot` write and read one safetensors file (of FORMAT, mode 0644; its folder made when
 missing) with a checksum pair per array, its recurrent states float32 or quantized per row (`save_snapshot(...,
 state_format=8 | 4 | "fp8")`: quantized_state.py; fp8 values are stored as their bytes, uint8, since the file's flax
@@ -31,7 +32,9 @@ from jaxtyping import Array
 
 from retention.checksum import mismatched, tree_checksums
 from retention.nn import LM, LMCache, LMConfig
-from retention.serve.cache_limits import check_room, step_size
+from retention.ops.attention.decode import KVCache, move_slots
+from retention.ops.attention.quantized import QuantizedKVCache
+from retention.serve.cache_limits import check_room, growing_layers, step_size
 from retention.serve.prompts import check_prompt, check_prompt_ids, prompt_segments
 from retention.serve.quantized_state import STATE_FORMATS, quantize_states, state_format_of
 from retention.serve.snapshot_value import Snapshot
@@ -179,6 +182,66 @@ def snapshot_bytes(snapshot: Snapshot) -> int:
         The bytes.
     """
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(snapshot))
+
+
+def resize(model: LM, snapshot: Snapshot, *, max_len: int, step_tokens: int = 1) -> Snapshot:
+    """The snapshot with caches made for another max_len and step_tokens, continuing to the same tokens: each A or
+    W layer's keys and values moved into the new slots (`move_slots`: a full-attention cache's tokens kept in
+    place, a window's ring buffer re-laid for its new size), every fixed-size cache (P, D, G, M states, the
+    convolutions' inputs) and the bookkeeping kept as they are.
+
+    ```python
+    snap = retention.prefill(model, prefix_1T, max_len=T)  # as small as the prefix
+    snap = retention.serve.resize(model, snap, max_len=T + 512)  # room for 512 more tokens
+    ```
+
+    Args:
+        model: the snapshot's LM.
+        snapshot: the snapshot, float32 states.
+        max_len: the new caches hold up to this many tokens in all.
+        step_tokens: and are decoded in steps of up to this many tokens.
+
+    Returns:
+        The resized snapshot (`snapshot` itself when its shapes are those asked for).
+
+    Raises:
+        ValueError: the snapshot comes from another model (`check_snapshot`), or holds more tokens than max_len
+            while a layer's cache keeps every token.
+    """
+    check_snapshot(model, snapshot, "snapshot")
+    check_int("max_len", max_len)
+    check_int("step_tokens", step_tokens)
+    held, growing = int(snapshot.caches.length), growing_layers(model.config)
+    if growing and held > max_len:
+        raise ValueError(
+            f"snapshot holds {held} tokens, more than max_len={max_len}, and the {growing} layers' caches keep every "
+            "token (resize to a max_len of at least the tokens held)"
+        )
+    if (snapshot.max_len, snapshot.step_tokens) == (max_len, step_tokens):
+        return snapshot
+    empty = model.init_caches(snapshot.rows, max_len, step_tokens=step_tokens)
+    caches = _moved_caches(snapshot.caches, empty)
+    return dataclasses.replace(snapshot, caches=caches, max_len=max_len, step_tokens=step_tokens)
+
+
+def _is_kv_cache(x) -> bool:
+    return isinstance(x, (KVCache, QuantizedKVCache))
+
+
+@jax.jit
+def _moved_caches(caches: LMCache, empty: LMCache) -> LMCache:
+    """`caches` in the shapes of `empty` (caches of the same LM): each KV cache's tokens moved into empty's slots
+    (over the leading repeats axis of stacked layers too), every other array kept."""
+
+    def move(old, new):
+        if not _is_kv_cache(old):
+            return old
+        moved = move_slots
+        for _ in range(old.pos.ndim - 1):  # stacked layers (scan_layers): one cache per repeat
+            moved = jax.vmap(moved)
+        return moved(old, new)
+
+    return jax.tree.map(move, caches, empty, is_leaf=_is_kv_cache)
 
 
 def _abstract_caches(config: LMConfig, batch: int, max_len: int, step_tokens: int) -> LMCache:

@@ -122,6 +122,37 @@ def keep_first(before, after, kept: Int[Array, ""]):
     return type(after)(*(restore(f, getattr(before, f), getattr(after, f)) for f in after._fields))
 
 
+def move_slots(cache, empty):
+    """The tokens of a KV cache in a fresh cache of the same kind with another number of slots: a full-attention
+    cache made for another max_len, or a window's ring buffer made for another step size.
+
+    Each slot of `empty` gets the latest token written whose position falls on it (position % its slots) when
+    `cache` still holds that token, and stays empty otherwise. So a full-attention cache keeps every token when
+    `empty` has a slot for each (the caller checks the room), and a ring buffer keeps its latest min(cache's slots,
+    empty's) tokens.
+
+    Args:
+        cache (KVCache | QuantizedKVCache): the cache to move.
+        empty (KVCache | QuantizedKVCache): a fresh cache of the same kind, rows, heads and head dim.
+
+    Returns:
+        `empty` holding cache's tokens, with cache's length.
+    """
+    L_old, L = cache.pos.shape[0], empty.pos.shape[0]
+    slot_L = jnp.arange(L, dtype=jnp.int32)
+    wanted_L = slot_L + L * jnp.floor_divide(cache.length - 1 - slot_L, L)  # < 0: no token written falls there
+    source_L = wanted_L % L_old
+    held_L = (wanted_L >= 0) & (cache.pos[source_L] == wanted_L)
+
+    def move(field: str, old, new):
+        if field == "length":
+            return old
+        moved = jnp.take(old, source_L, axis=_SLOT_AXIS[field])
+        return jnp.where(held_L.reshape((-1,) + (1,) * (new.ndim - _SLOT_AXIS[field] - 1)), moved, new)
+
+    return type(cache)(*(move(f, getattr(cache, f), getattr(empty, f)) for f in cache._fields))
+
+
 def describe_array(x) -> str:
     """An array's shape and dtype for a message, or its type when it is no array."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
