@@ -166,7 +166,9 @@ def time_decode(args, context, rows):
     q, k, v = jax.random.normal(jax.random.key(context), (3, n, B, 1, H, d), jnp.float32).astype(args.dtype)
 
     state = init_state(B, H, d, 2)
-    state = state._replace(S=jax.random.normal(jax.random.key(1), state.S.shape), z=jnp.abs(state.z) + 1.0)
+    state = state._replace(
+        S=jax.random.normal(jax.random.key(1), state.S.shape, state.S.dtype), z=jnp.abs(state.z) + 1.0
+    )
     cache = init_kv_cache(B, H, d, context + n, args.dtype)
     kc, vc = jax.random.normal(jax.random.key(2), (2,) + cache.k.shape).astype(args.dtype)
     slots = jnp.arange(context + n, dtype=jnp.int32)
