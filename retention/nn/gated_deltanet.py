@@ -27,8 +27,8 @@ from retention.nn.matrix_state import (
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, head_gate_proj, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
+from retention.ops.chunking import default_chunk_size
 from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
-from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
 
 

@@ -24,8 +24,8 @@ from retention.nn.matrix_state import (
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import QKVMixer, conv_taps, head_gate_proj, project_qkv, qkv_part_params, qkvo_weights
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
+from retention.ops.chunking import default_chunk_size
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
-from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
 from retention.validation import check_choice
 

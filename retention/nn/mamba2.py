@@ -34,8 +34,8 @@ from retention.nn.matrix_state import (
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import conv_cache_bytes
 from retention.ops import check_chunk_size, linear_attention, linear_attention_step
+from retention.ops.chunking import default_chunk_size
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
-from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
 from retention.validation import check_choice, check_int
 

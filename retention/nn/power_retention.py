@@ -43,7 +43,7 @@ from retention.ops import (
     power_retention_step,
     sympow_dim,
 )
-from retention.ops.power_retention import default_chunk_size
+from retention.ops.chunking import default_chunk_size
 from retention.ops.power_retention.recurrent import chunk_states
 from retention.ops.power_retention.state import clear_rows
 from retention.parallel.rules import logical_param

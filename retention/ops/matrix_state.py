@@ -2,7 +2,8 @@
 S [B, H, d_k, d_v] (float32), their public front (argument checks, chunk size, dispatch to the chunked path: `full_op`,
 `step_op`), the per-token resets and log-gates, and the chunking's start and end (`chunked_inputs`, `scan_state`).
 
-Per token t and kv-head (the reset contract of power retention, `power_retention/gates.py`):
+Per token t and kv-head (the resets the chunk masks of `decay.py` read; power retention's `power_retention/gates.py`
+keeps the same):
 - reset_t (the state carried into t is cleared): t > 0 and segment_ids[b, t] != segment_ids[b, t-1], or (scalar
   gates) log_g_t <= LOG_G_ZERO (-inf, or a gate that is exactly 0 in float32);
 - a_t, the finite log-gate: 0 at a reset, else log_g_t (per-channel gates below LOG_G_ZERO count as LOG_G_ZERO,
@@ -24,11 +25,10 @@ import numpy as np
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int
 
-from retention.ops.power_retention.chunk_math import masked_exp
-from retention.ops.power_retention.gates import LOG_G_ZERO
-from retention.ops.power_retention.validation import check_chunk_size, default_chunk_size
+from retention.ops.chunking import default_chunk_size
+from retention.ops.decay import LOG_G_ZERO, decay_state, masked_exp
 from retention.ops.segments import document_starts
-from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
+from retention.ops.validation import FLOAT_DTYPES, check_chunk_size, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_int, concrete
 
 SUB_CHUNK = 16  # the decode step's chunk is the step itself, rounded up to a multiple of this past it
@@ -264,6 +264,23 @@ def chunk_major(x):
 def compute_dtype(x) -> jnp.dtype:
     """float64 for float64 inputs (the oracles), else float32."""
     return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+
+
+def decayed_write(
+    S: Float[Array, "B H dk dv"], k_t: Float[Array, "B H dk"], v_t: Float[Array, "B H dv"], decay_t
+) -> Float[Array, "B H dk dv"]:
+    """One token of the decayed recurrences (linear attention, GLA), an `update` for `recurrence`.
+
+    Args:
+        S: the state before the token.
+        k_t: the token's key.
+        v_t: the token's value.
+        decay_t (Array): the decay [B, H], or per key row [B, H, d_k]; 0 drops S, NaN included.
+
+    Returns:
+        decay_t S + k_t v_t^T.
+    """
+    return decay_state(decay_t, S) + jnp.einsum("bhd,bhe->bhde", k_t, v_t)
 
 
 def recurrence(update, q: Float[Array, "B T Hq dk"], xs: tuple, S0, *, H: int, d_v: int, scale: float, dtype):

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import decay_state, masked_exp
 from retention.ops.matrix_state import chunk_major, chunked_inputs, poison_state, scan_state
-from retention.ops.power_retention.chunk_math import decay_state, masked_exp
 
 SUB_CHUNK = 16
 INTRA_GROUP_BYTES = 1 << 24

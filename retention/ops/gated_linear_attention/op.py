@@ -4,7 +4,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.gated_linear_attention.chunked import gated_linear_attention_chunked
 from retention.ops.matrix_state import full_op, step_op
-from retention.ops.power_retention.validation import check_log_g
+from retention.ops.validation import check_log_g
 
 PREFERRED_CHUNK = 64
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.chunking import DEFAULT_CHUNK_SIZE, default_chunk_size
 from retention.ops.platform import target_platform
 from retention.ops.power_retention.chunked import power_retention_chunked
 from retention.ops.power_retention.pallas import pallas_supports
@@ -27,14 +28,7 @@ from retention.ops.power_retention.pallas_mesh import chunked_on_mesh, step_on_m
 from retention.ops.power_retention.recurrent import chunk_step
 from retention.ops.power_retention.reference import power_retention_reference
 from retention.ops.power_retention.state import RetentionState, check_state, clear_rows, init_state
-from retention.ops.power_retention.validation import (
-    DEFAULT_CHUNK_SIZE,
-    RETENTION_IMPLS,
-    STATE_IMPLS,
-    check_op_args,
-    default_chunk_size,
-    runtime_gate_checks,
-)
+from retention.ops.power_retention.validation import RETENTION_IMPLS, STATE_IMPLS, check_op_args, runtime_gate_checks
 from retention.ops.validation import runtime_input_checks
 from retention.validation import check_at_runtime
 
