@@ -73,21 +73,32 @@ def check_args(q, k, v, segment_ids, scale, chunk_size) -> float:
 
 
 def full_op(
-    chunked, preferred: int, check_gates, q, k, v, gates: tuple, *, segment_ids, scale, chunk_size, **state_options
+    chunked,
+    preferred: int,
+    check_gates,
+    q,
+    k,
+    v,
+    gates: tuple,
+    *,
+    segment_ids,
+    scale,
+    chunk_size,
+    initial_state,
+    return_state: bool,
 ):
     """A matrix-state op's full forward: the checks (`check_args`, `check_gates(k, *gates)`, initial_state), the
     chunk (chunk_size, or the smallest of CHUNK_SIZES up to `preferred` that holds T), then
-    `chunked(q, k, v, *gates, initial_state, segment_ids=, scale=, chunk_size=)`. state_options: initial_state,
-    return_state. Returns o, or (o, the final state) with return_state."""
+    `chunked(q, k, v, *gates, initial_state, segment_ids=, scale=, chunk_size=)`. Returns o, or (o, the final
+    state) with return_state."""
     scale = check_args(q, k, v, segment_ids, scale, chunk_size)
     check_gates(k, *gates)
     B, T, _, d_k = q.shape
-    initial_state = state_options["initial_state"]
     if initial_state is not None:
         check_matrix_state(initial_state, B, k.shape[2], d_k, v.shape[-1], "initial_state")
     c = chunk_size or default_chunk_size(T, preferred)
     o, state = chunked(q, k, v, *gates, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=c)
-    return (o, state) if state_options["return_state"] else o
+    return (o, state) if return_state else o
 
 
 def step_op(chunked, preferred: int, check_gates, state, q, k, v, gates: tuple, *, segment_ids, scale, chunk_size):
@@ -222,12 +233,14 @@ class ChunkedInputs(NamedTuple):
     S0: Float[Array, "B H dk dv"]
 
 
-def chunked_inputs(q, k, v, log_g, segment_ids, initial_state, *, scale: float, c: int, **gate_options):
-    """The chunked paths' common start (`token_gates` with gate_options: beta, per_channel), S0 zeros when
-    initial_state is None."""
+def chunked_inputs(
+    q, k, v, log_g, segment_ids, initial_state, *, scale: float, c: int, beta=None, per_channel: bool = False
+):
+    """The chunked paths' common start (`token_gates` with beta and per_channel), S0 zeros when initial_state is
+    None."""
     B, _, _, d_k = q.shape
     H, d_v, f32 = k.shape[2], v.shape[-1], jnp.float32
-    tokens = token_gates(k, v, log_g, segment_ids, **gate_options)
+    tokens = token_gates(k, v, log_g, segment_ids, beta=beta, per_channel=per_channel)
     k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
     S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
     return ChunkedInputs(tokens, chunk_gates(tokens, c), query_chunks(q.astype(f32) * scale, H, c), k_c, v_c, S0)

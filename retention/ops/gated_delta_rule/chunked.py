@@ -39,8 +39,9 @@ def gated_delta_rule_chunked(
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size`, float32 throughout. Inputs are assumed validated (see `gated_delta_rule`)."""
     d_v, c = v.shape[-1], chunk_size
-    options = dict(scale=scale, c=c, beta=beta)
-    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(q, k, v, log_g, segment_ids, initial_state, **options)
+    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(
+        q, k, v, log_g, segment_ids, initial_state, scale=scale, c=c, beta=beta
+    )
     beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]
     fq, fk, decay = gate_factors(gates.F, gates.R, 1)
     D = causal_decay(gates.F, gates.R)  # [B, N, H, c, c]
