@@ -1,11 +1,11 @@
 """The house's import rules, read from the source: every import runs downhill (validation, checksum <- ops,
 parallel, data <- nn <- train <- the face: load, export, hf, generation, serve <- eval, the lm-eval adapter), serving
 and generation import nothing of the trainer, no module of `retention` imports itself back through others (at the
-top or inside a function), the Pallas kernels import nothing of `retention` and are reached only through the
-power-retention op's pallas.py, experiments/ runs downhill too (its helpers <- the benchmarks <- compare/ <- the
-scripts built on the comparison), `import retention.ops` loads neither the trainer's libraries nor Flax, `import
-retention` neither lm-eval nor torch, serving and generation load none of the trainer's libraries, and a missing
-trainer library names the `train` extra."""
+top or inside a function), the ops are siblings on one floor (no op folder imports another's), the Pallas kernels
+import nothing of `retention` and are reached only through the power-retention op's pallas.py, experiments/ runs
+downhill too (its helpers <- the benchmarks <- compare/ <- the scripts built on the comparison), `import
+retention.ops` loads neither the trainer's libraries nor Flax, `import retention` neither lm-eval nor torch, serving
+and generation load none of the trainer's libraries, and a missing trainer library names the `train` extra."""
 
 import ast
 import pathlib
@@ -31,6 +31,15 @@ LAYERS = {
 KERNELS_IMPORTER = "retention/ops/power_retention/pallas.py"
 # (importer, imported): packages of the same or a lower layer that the importer still never imports
 APART = (("retention.serve", "retention.train"), ("retention.generation", "retention.train"))
+# The ops are siblings on one floor: an op folder (a package under retention/ops/) imports no other op folder, the
+# floor (the modules beside them: decay.py, chunking.py, validation.py, segments.py, ...) imports no op folder, and
+# matrix_state.py, the floor the matrix-state ops share, is imported by no other op.
+MATRIX_STATE = "retention.ops.matrix_state"
+MATRIX_STATE_OPS = (
+    "retention.ops.linear_attention",
+    "retention.ops.gated_linear_attention",
+    "retention.ops.gated_delta_rule",
+)
 
 
 def _layer(module: str) -> int | None:
@@ -134,15 +143,43 @@ def test_imports_run_downhill():
     assert not uphill, uphill
 
 
-def test_serving_and_generation_never_import_the_trainer():
-    crossing = [
+def _crossings(apart, graph: dict[str, set[str]]) -> list[str]:
+    """The imports of `graph` from a module within an importer to one within its imported, for (importer,
+    imported) in `apart`."""
+    return [
         f"{module} imports {name}"
-        for module, imports in _module_graph().items()
-        for importer, imported in APART
+        for module, imports in graph.items()
+        for importer, imported in apart
         if _within(module, importer)
         for name in imports
         if _within(name, imported)
     ]
+
+
+def test_serving_and_generation_never_import_the_trainer():
+    crossing = _crossings(APART, _module_graph())
+    assert not crossing, crossing
+
+
+def _ops_apart() -> list[tuple[str, str]]:
+    """(importer, imported) pairs of the ops' sibling rule (MATRIX_STATE above): op folder -> another op folder,
+    floor module -> op folder, an op other than the matrix-state ops -> matrix_state."""
+    ops = ROOT / "retention" / "ops"
+    folders = sorted(f"retention.ops.{path.parent.name}" for path in ops.glob("*/__init__.py"))
+    floor = sorted(f"retention.ops.{path.stem}" for path in ops.glob("*.py") if path.stem != "__init__")
+    apart = [(a, b) for a in folders for b in folders if a != b]
+    apart += [(module, folder) for module in floor for folder in folders]
+    return apart + [(folder, MATRIX_STATE) for folder in folders if folder not in MATRIX_STATE_OPS]
+
+
+def test_the_ops_are_siblings_on_one_floor():
+    """Power retention, linear attention, GLA, the gated delta rule, attention and the convolution import none of
+    each other: the decay math, chunk sizes and checks they share live on the floor beside them."""
+    apart = _ops_apart()
+    assert ("retention.ops.linear_attention", "retention.ops.power_retention") in apart
+    assert ("retention.ops.power_retention", MATRIX_STATE) in apart
+    assert (MATRIX_STATE, "retention.ops.power_retention") in apart
+    crossing = _crossings(apart, _module_graph())
     assert not crossing, crossing
 
 

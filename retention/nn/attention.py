@@ -153,16 +153,16 @@ class Attention(QKVMixer):
         decode = cache is not None
         conv = cache.conv if decode else None
         q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
-        options = dict(window=self.window, segment_ids=segment_ids)
+        window = self.window
         if not decode and context_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
-            return self.out(softmax_attention_context_parallel(q, k, v, **options)), None
+            return self.out(softmax_attention_context_parallel(q, k, v, window=window, segment_ids=segment_ids)), None
         if not decode:
-            return self.out(softmax_attention(q, k, v, **options, impl=self.impl)), None
+            return self.out(softmax_attention(q, k, v, window=window, segment_ids=segment_ids, impl=self.impl)), None
         if isinstance(cache.kv, QuantizedKVCache):
             _check_one_document(segment_ids)
-            y, kv = softmax_attention_step_quantized(cache.kv, q, k, v, window=self.window)
+            y, kv = softmax_attention_step_quantized(cache.kv, q, k, v, window=window)
         else:
-            y, kv = softmax_attention_step(cache.kv, q, k, v, **options)
+            y, kv = softmax_attention_step(cache.kv, q, k, v, window=window, segment_ids=segment_ids)
         return self.out(y), AttentionCache(kv, conv_cache)
 
     def rollback(self, before: AttentionCache, trail: AttentionCache, kept) -> AttentionCache:
@@ -239,8 +239,14 @@ class Attention(QKVMixer):
 def _builder(windowed: bool):
     def build(config, *, rngs: nnx.Rngs) -> Attention:
         window = config.window if windowed else None
-        options = dict(impl=config.attention_impl, kv_cache_bits=config.kv_cache_bits)
-        return Attention(config.d_model, window=window, **options, **mixer_options(config), rngs=rngs)
+        return Attention(
+            config.d_model,
+            window=window,
+            impl=config.attention_impl,
+            kv_cache_bits=config.kv_cache_bits,
+            **mixer_options(config),
+            rngs=rngs,
+        )
 
     return build
 

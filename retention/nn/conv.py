@@ -109,8 +109,10 @@ class QKVConv(nnx.Module):
             (q, _), (k, _), (v, _) = (conv(x, segment_ids_BT=segment_ids_BT) for conv, x in zip(convs, xs))
             return q, k, v, None
         ids_BT = _step_ids(cache.segment_ids, segment_ids_BT, q_BTC.shape[1])
-        options = dict(segment_ids_BT=ids_BT, cache_segment_ids_BP=cache.segment_ids)
-        (q, cq), (k, ck), (v, cv) = (conv(x, cache=c, **options) for conv, x, c in zip(convs, xs, cache[:3]))
+        (q, cq), (k, ck), (v, cv) = (
+            conv(x, cache=c, segment_ids_BT=ids_BT, cache_segment_ids_BP=cache.segment_ids)
+            for conv, x, c in zip(convs, xs, cache[:3])
+        )
         next_ids = _last(jnp.concatenate([cache.segment_ids, ids_BT], axis=1), cache.segment_ids.shape[1])
         return q, k, v, QKVConvCache(cq, ck, cv, next_ids)
 

@@ -22,10 +22,18 @@ from retention.nn.matrix_state import (
     run_mixing,
 )
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import QKVMixer, conv_taps, head_gate_proj, project_qkv, qkv_part_params, qkvo_weights
+from retention.nn.qkv import (
+    QKVMixer,
+    conv_taps,
+    head_gate_proj,
+    mixer_options,
+    project_qkv,
+    qkv_part_params,
+    qkvo_weights,
+)
 from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
+from retention.ops.chunking import default_chunk_size
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
-from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
 from retention.validation import check_choice
 
@@ -152,17 +160,9 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
 def _build(config, *, rngs: nnx.Rngs) -> GatedLinearAttention:
     return GatedLinearAttention(
         config.d_model,
-        heads=config.n_heads,
-        kv_heads=config.n_kv_heads,
-        head_dim=config.head_dim,
-        qk_norm=config.qk_norm,
-        conv_size=config.conv_size,
-        qkv_bias=config.qkv_bias,
-        norm_eps=config.norm_eps,
         decay_init=config.decay_init,
         chunk_size=config.chunk_size,
-        dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype),
+        **mixer_options(config, rope=False),
         rngs=rngs,
     )
 

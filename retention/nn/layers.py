@@ -70,8 +70,9 @@ class QKNorm(nnx.Module):
 
     def __init__(self, head_dim: int, *, epsilon: float = 1e-6, dtype, param_dtype, rngs: nnx.Rngs):
         names = logical_param("head_dim")
-        options = dict(epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, scale_metadata=names, rngs=rngs)
-        norm = lambda: nnx.RMSNorm(head_dim, **options)
+        norm = lambda: nnx.RMSNorm(
+            head_dim, epsilon=epsilon, dtype=dtype, param_dtype=param_dtype, scale_metadata=names, rngs=rngs
+        )
         self.q_norm, self.k_norm = norm(), norm()
 
     def __call__(self, q_BTHd, k_BTHd):
@@ -84,8 +85,9 @@ class SwiGLU(nnx.Module):
     ("embed", "mlp") and ("mlp", "embed") in logical axes, the hidden activations ("batch", "sequence", "mlp")."""
 
     def __init__(self, d_model: int, hidden: int, *, dtype, param_dtype, rngs: nnx.Rngs):
-        options = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        linear = lambda i, o, names: nnx.Linear(i, o, kernel_metadata=logical_param(*names), **options)
+        linear = lambda i, o, names: nnx.Linear(
+            i, o, use_bias=False, kernel_metadata=logical_param(*names), dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
         self.gate = linear(d_model, hidden, ("embed", "mlp"))
         self.up = linear(d_model, hidden, ("embed", "mlp"))
         self.down = linear(hidden, d_model, ("mlp", "embed"))

@@ -32,10 +32,10 @@ from retention.nn.matrix_state import (
     state_bytes,
 )
 from retention.nn.mixer_kind import MixerKind
-from retention.nn.qkv import conv_cache_bytes
+from retention.nn.qkv import conv_cache_bytes, mixer_options
 from retention.ops import check_chunk_size, linear_attention, linear_attention_step
+from retention.ops.chunking import default_chunk_size
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
-from retention.ops.power_retention.validation import default_chunk_size
 from retention.parallel.rules import logical_param
 from retention.validation import check_choice, check_int
 
@@ -120,8 +120,9 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         self.head_dim, self.state_size, self.n_groups, self.chunk_size = head_dim, state_size, n_groups, chunk_size
         self.d_inner = expand * d_model
         bc = n_groups * state_size
-        options = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        linear = lambda i, o, *names: nnx.Linear(i, o, kernel_metadata=logical_param(*names), **options)
+        linear = lambda i, o, *names: nnx.Linear(
+            i, o, use_bias=False, kernel_metadata=logical_param(*names), dtype=dtype, param_dtype=param_dtype, rngs=rngs
+        )
         self.in_proj = linear(d_model, 2 * self.d_inner + 2 * bc + self.heads, "embed", "ssm_proj")
         conv_axes = ("ssm_heads", "ssm_groups")
         self.conv = (
@@ -207,15 +208,12 @@ class Mamba2(MatrixStateMixer, nnx.Module):
 def _build(config, *, rngs: nnx.Rngs) -> Mamba2:
     return Mamba2(
         config.d_model,
-        head_dim=config.head_dim,
         state_size=config.ssm_state_size,
         expand=config.ssm_expand,
         n_groups=config.ssm_groups,
-        conv_size=config.conv_size,
         decay_init=config.decay_init,
         chunk_size=config.chunk_size,
-        dtype=jnp.dtype(config.dtype),
-        param_dtype=jnp.dtype(config.param_dtype),
+        **mixer_options(config, qkv=False, rope=False),
         rngs=rngs,
     )
 

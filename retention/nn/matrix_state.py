@@ -62,13 +62,12 @@ def run_mixing(full_op, step_op, args: tuple, *, cache, conv_cache, segment_ids,
     """o of full_op(*args) (cache None) or of step_op(state, *args) continuing the cache: (o, the new cache), or
     with `trail` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
     `step_states`, conv_cache already the conv caches per token)."""
-    options = dict(segment_ids=segment_ids, chunk_size=chunk_size)
     if cache is None:
-        return full_op(*args, **options), None
+        return full_op(*args, segment_ids=segment_ids, chunk_size=chunk_size), None
     state, last_id = cache.state, cache.segment_id
     if segment_ids is not None:
         state = _clear(state, segment_ids[:, 0] != last_id)
-    o, new_state = step_op(state, *args, **options)
+    o, new_state = step_op(state, *args, segment_ids=segment_ids, chunk_size=chunk_size)
     ids_TB = trail_segment_ids(last_id, segment_ids, args[0].shape[1])
     if trail:
         return o, MatrixStateCache(step_states(step_op, state, args, segment_ids), ids_TB, conv_cache)

@@ -57,8 +57,14 @@ class Block(nnx.Module):
 
     def __init__(self, config: LMConfig, kind: str, *, rngs: nnx.Rngs):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
-        options = dict(epsilon=config.norm_eps, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        norm = lambda: nnx.RMSNorm(config.d_model, scale_metadata=logical_param("embed"), **options)
+        norm = lambda: nnx.RMSNorm(
+            config.d_model,
+            epsilon=config.norm_eps,
+            scale_metadata=logical_param("embed"),
+            dtype=dtype,
+            param_dtype=param_dtype,
+            rngs=rngs,
+        )
         self.mixer_norm = norm()
         self.mixer = MIXERS[kind].build(config.for_kind(kind), rngs=rngs)
         self.mlp_norm = norm()
@@ -69,7 +75,7 @@ class Block(nnx.Module):
         verify step: the mixer's per-token caches)."""
         h = self.mixer_norm(x_BTD)
         run = self.mixer.prefill if prefill else self.mixer
-        options = dict(trail=True) if trail else {}
+        options = dict(trail=True) if trail else {}  # only a call takes `trail`: prefill has none
         with jax.named_scope(type(self.mixer).__name__):
             h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache, **options)
         x_BTD = x_BTD + h
@@ -98,7 +104,7 @@ class LM(nnx.Module):
             raise TypeError(f"config must be an LMConfig, got {type(config).__name__}")
         self.config = config
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
-        options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)  # the embedding's, the final norm's, the head's
         self.embed = nnx.Embed(
             config.vocab_size, config.d_model, embedding_metadata=logical_param("vocab", "embed"), **options
         )
@@ -108,8 +114,9 @@ class LM(nnx.Module):
             self.periods = stacked_periods(config, Block, rngs=rngs)
         else:
             self.blocks = nnx.List([Block(config, kind, rngs=rngs) for kind in config.layer_kinds])
-        norm_options = dict(epsilon=config.norm_eps, scale_metadata=logical_param("embed"))
-        self.final_norm = nnx.RMSNorm(config.d_model, **norm_options, **options)
+        self.final_norm = nnx.RMSNorm(
+            config.d_model, epsilon=config.norm_eps, scale_metadata=logical_param("embed"), **options
+        )
         self.head = (
             None
             if config.tie_embeddings
@@ -150,8 +157,15 @@ class LM(nnx.Module):
         if self.config.scan_layers:
             if trail:
                 raise ValueError("a verify step (trail=True) needs scan_layers=False; convert_layers(model, False)")
-            options = dict(positions=positions, segment_ids=segment_ids, caches=caches, prefill=prefill)
-            x_BTD, new_caches = run_scanned(self.periods, x_BTD, **options, remat_policy=self.config.remat_policy)
+            x_BTD, new_caches = run_scanned(
+                self.periods,
+                x_BTD,
+                positions=positions,
+                segment_ids=segment_ids,
+                caches=caches,
+                prefill=prefill,
+                remat_policy=self.config.remat_policy,
+            )
         else:
             run = block_runner(self.config.remat_policy, scanned=False)
             layer_caches = (None,) * len(self.blocks) if caches is None else caches
@@ -159,8 +173,9 @@ class LM(nnx.Module):
             for i, (block, cache) in enumerate(zip(self.blocks, layer_caches)):
                 with jax.named_scope(f"layer{i}"):
                     if trail:
-                        options = dict(positions=positions, segment_ids=segment_ids, cache=cache, trail=True)
-                        x_BTD, cache = block(x_BTD, **options)
+                        x_BTD, cache = block(
+                            x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, trail=True
+                        )
                     else:
                         x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, prefill)
                 new_caches.append(cache)
@@ -362,8 +377,9 @@ def _prefill(graphdef, state, tokens_BT, segment_ids_BT, *, max_len, step_tokens
     else:
         positions, last_id = document_positions(segment_ids_BT), segment_ids_BT[:, -1].astype(jnp.int32)
     x_BTD = model.embed(tokens_BT)
-    options = dict(positions=positions, segment_ids=segment_ids_BT, caches=fresh.layers, prefill=True)
-    logits, layers = model.forward_embeddings(x_BTD, **options)
+    logits, layers = model.forward_embeddings(
+        x_BTD, positions=positions, segment_ids=segment_ids_BT, caches=fresh.layers, prefill=True
+    )
     length = jnp.asarray(T, jnp.int32)
     return logits, LMCache(layers=layers, length=length, segment_id=last_id, position=positions[:, -1] + 1)
 
@@ -377,8 +393,9 @@ def _decode(graphdef, state, tokens_BN, segment_ids_BN, caches: LMCache):
     else:
         positions = document_positions(segment_ids_BN, caches.segment_id, caches.position)
         last_id = segment_ids_BN[:, -1].astype(jnp.int32)
-    options = dict(positions=positions, segment_ids=segment_ids_BN, caches=caches.layers)
-    logits, layers = model.forward_embeddings(model.embed(tokens_BN), **options)
+    logits, layers = model.forward_embeddings(
+        model.embed(tokens_BN), positions=positions, segment_ids=segment_ids_BN, caches=caches.layers
+    )
     caches = LMCache(layers=layers, length=caches.length + n, segment_id=last_id, position=positions[:, -1] + 1)
     return logits, caches
 
@@ -387,8 +404,7 @@ def _decode(graphdef, state, tokens_BN, segment_ids_BN, caches: LMCache):
 def _verify(graphdef, state, tokens_BN, caches: LMCache):
     model = nnx.merge(graphdef, state)
     positions = caches.position[:, None] + jnp.arange(tokens_BN.shape[1], dtype=jnp.int32)
-    options = dict(positions=positions, caches=caches.layers, trail=True)
-    return model.forward_embeddings(model.embed(tokens_BN), **options)
+    return model.forward_embeddings(model.embed(tokens_BN), positions=positions, caches=caches.layers, trail=True)
 
 
 @partial(jax.jit, static_argnames=("graphdef",))

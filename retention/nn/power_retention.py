@@ -43,7 +43,7 @@ from retention.ops import (
     power_retention_step,
     sympow_dim,
 )
-from retention.ops.power_retention import default_chunk_size
+from retention.ops.chunking import default_chunk_size
 from retention.ops.power_retention.recurrent import chunk_states
 from retention.ops.power_retention.state import clear_rows
 from retention.parallel.rules import logical_param
@@ -173,22 +173,26 @@ class PowerRetention(QKVMixer):
         conv = cache.conv if decode else None
         q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
         log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
-        options = dict(segment_ids=segment_ids, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
+        deg, chunk_size, impl = self.deg, self.chunk_size, self.impl
         if decode:
             state, last_id = cache.state, cache.segment_id
             if segment_ids is not None:
                 state = clear_rows(state, segment_ids[:, 0] != last_id)
                 last_id = segment_ids[:, -1].astype(jnp.int32)
-                options["segment_ids"] = segment_ids if T > 1 else None  # one token holds no document start
-            y, new_state = power_retention_step(state, q, k, v, log_g, **options)
+            step_ids = segment_ids if T > 1 else None  # one token holds no document start
+            y, new_state = power_retention_step(
+                state, q, k, v, log_g, segment_ids=step_ids, deg=deg, chunk_size=chunk_size, impl=impl
+            )
             if trail:
-                states = chunk_states(state, k, v, log_g, segment_ids=options["segment_ids"], deg=self.deg)
+                states = chunk_states(state, k, v, log_g, segment_ids=step_ids, deg=deg)
                 return self.out(y), RetentionCache(states, trail_segment_ids(last_id, segment_ids, T), conv_cache)
             cache = RetentionCache(new_state, last_id, conv_cache)
         elif context_parallel_size() > 1:
-            y = power_retention_context_parallel(q, k, v, log_g, **options)
+            y = power_retention_context_parallel(
+                q, k, v, log_g, segment_ids=segment_ids, deg=deg, chunk_size=chunk_size, impl=impl
+            )
         else:
-            y = power_retention(q, k, v, log_g, **options)
+            y = power_retention(q, k, v, log_g, segment_ids=segment_ids, deg=deg, chunk_size=chunk_size, impl=impl)
         return self.out(y), cache
 
     def prefill(self, x_BTD, *, positions, segment_ids=None, cache: RetentionCache):

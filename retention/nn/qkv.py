@@ -1,5 +1,6 @@
 """What every q/k/v mixer shares: the optional parts between the projections and the op (the short convolution
-and QK RMSNorm), the projections themselves with RoPE, and their sizes for the mixer registry's formulas."""
+and QK RMSNorm), the projections themselves with RoPE, and their sizes for the mixer registry's formulas; and the
+constructor arguments every mixer (Mamba2 too) takes alike from an LMConfig (`mixer_options`)."""
 
 import jax
 import jax.numpy as jnp
@@ -14,21 +15,37 @@ from retention.parallel.rules import BTHD, BTKD, constrain, logical_param
 from retention.validation import check_int, check_number
 
 
-def mixer_options(config) -> dict:
-    """The constructor arguments every mixer takes from an LMConfig (heads, parts, biases, RoPE, dtypes)."""
-    return dict(
-        heads=config.n_heads,
-        kv_heads=config.n_kv_heads,
+def mixer_options(config, *, qkv: bool = True, rope: bool = True) -> dict:
+    """The constructor arguments the mixers take alike from an LMConfig: each mixer's `build` passes these and
+    names only its own beside them.
+
+    Args:
+        config (LMConfig): the config of the layer's letter (`config.for_kind`).
+        qkv: with the q/k/v mixers' heads and parts (heads, kv_heads, qk_norm, qkv_bias, norm_eps); False for
+            Mamba2, whose heads follow from its expansion.
+        rope: with RoPE's (rope_base, rope_scaling); False for the mixers without RoPE (Gated DeltaNet, GLA,
+            Mamba2).
+
+    Returns:
+        (dict): head_dim, conv_size, dtype and param_dtype, and the groups asked for.
+    """
+    arguments = dict(
         head_dim=config.head_dim,
-        qk_norm=config.qk_norm,
         conv_size=config.conv_size,
-        qkv_bias=config.qkv_bias,
-        norm_eps=config.norm_eps,
-        rope_base=config.rope_base,
-        rope_scaling=config.rope_frequency_scaling,
         dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),
     )
+    if qkv:
+        arguments |= dict(
+            heads=config.n_heads,
+            kv_heads=config.n_kv_heads,
+            qk_norm=config.qk_norm,
+            qkv_bias=config.qkv_bias,
+            norm_eps=config.norm_eps,
+        )
+    if rope:
+        arguments |= dict(rope_base=config.rope_base, rope_scaling=config.rope_frequency_scaling)
+    return arguments
 
 
 def qkvo_weights(config) -> int:
@@ -119,7 +136,7 @@ class QKVMixer(nnx.Module):
             raise ValueError(f"rope_scaling needs RoPE (a rope_base), got rope_scaling={rope_scaling} and no rope_base")
         self.heads, self.kv_heads, self.head_dim, self.rope_base = heads, kv_heads, head_dim, rope_base
         self.rope_scaling = rope_scaling
-        options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        options = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)  # every part's: the projections, conv, norm
         linear = lambda i, o, *names, bias=False: nnx.Linear(
             i,
             o,

@@ -72,8 +72,9 @@ def run_scanned(periods: Period, x_BTD, *, positions, segment_ids, caches, prefi
         transform_metadata={nnx.PARTITION_NAME: "layers"},
     )
     def body(x_BTD, period, layer_caches, positions, segment_ids):
-        options = dict(positions=positions, segment_ids=segment_ids, caches=layer_caches, prefill=prefill, run=run)
-        return period(x_BTD, **options)
+        return period(
+            x_BTD, positions=positions, segment_ids=segment_ids, caches=layer_caches, prefill=prefill, run=run
+        )
 
     x_BTD, new = body(x_BTD, periods, caches, positions, segment_ids)
     return x_BTD, None if caches is None else new

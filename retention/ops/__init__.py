@@ -1,8 +1,9 @@
 """Pure functions on arrays, one folder per op: power retention (`power_retention/`: chunked, recurrent, Pallas,
 reference, context parallel), the softmax baselines (`attention/`), the field's matrix-state ops
 (`linear_attention/`, `gated_linear_attention/`, `gated_delta_rule/`, sharing matrix_state.py) and the short
-convolution (`conv/`); the checks they share (validation.py), the platform they target (platform.py) and the mesh
-helpers of their context-parallel forms (context_mesh.py)."""
+convolution (`conv/`). No op folder imports another's: what they share is the floor beside them, the decay and reset
+arithmetic (decay.py), the chunk sizes (chunking.py), the checks (validation.py), the segment ids (segments.py),
+the platform they target (platform.py) and the mesh helpers of their context-parallel forms (context_mesh.py)."""
 
 from retention.ops.attention import (
     ATTENTION_IMPLS,
@@ -12,6 +13,7 @@ from retention.ops.attention import (
     softmax_attention_context_parallel,
     softmax_attention_step,
 )
+from retention.ops.chunking import CHUNK_SIZES
 from retention.ops.context_mesh import context_parallel_size
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
 from retention.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
@@ -20,10 +22,8 @@ from retention.ops.linear_attention import linear_attention, linear_attention_st
 from retention.ops.matrix_state import init_matrix_state
 from retention.ops.platform import lowering_for
 from retention.ops.power_retention import (
-    CHUNK_SIZES,
     RETENTION_IMPLS,
     RetentionState,
-    check_chunk_size,
     check_deg,
     init_state,
     power_retention,
@@ -33,6 +33,7 @@ from retention.ops.power_retention import (
     sympow,
     sympow_dim,
 )
+from retention.ops.validation import check_chunk_size
 
 __all__ = [
     "ATTENTION_IMPLS",

@@ -2,7 +2,8 @@
 S [B, H, d_k, d_v] (float32), their public front (argument checks, chunk size, dispatch to the chunked path: `full_op`,
 `step_op`), the per-token resets and log-gates, and the chunking's start and end (`chunked_inputs`, `scan_state`).
 
-Per token t and kv-head (the reset contract of power retention, `power_retention/gates.py`):
+Per token t and kv-head (the resets the chunk masks of `decay.py` read; power retention's `power_retention/gates.py`
+keeps the same):
 - reset_t (the state carried into t is cleared): t > 0 and segment_ids[b, t] != segment_ids[b, t-1], or (scalar
   gates) log_g_t <= LOG_G_ZERO (-inf, or a gate that is exactly 0 in float32);
 - a_t, the finite log-gate: 0 at a reset, else log_g_t (per-channel gates below LOG_G_ZERO count as LOG_G_ZERO,
@@ -24,11 +25,10 @@ import numpy as np
 from einops import rearrange
 from jaxtyping import Array, Bool, Float, Int
 
-from retention.ops.power_retention.chunk_math import masked_exp
-from retention.ops.power_retention.gates import LOG_G_ZERO
-from retention.ops.power_retention.validation import check_chunk_size, default_chunk_size
+from retention.ops.chunking import default_chunk_size
+from retention.ops.decay import LOG_G_ZERO, decay_state, masked_exp
 from retention.ops.segments import document_starts
-from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids
+from retention.ops.validation import FLOAT_DTYPES, check_chunk_size, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_int, concrete
 
 SUB_CHUNK = 16  # the decode step's chunk is the step itself, rounded up to a multiple of this past it
@@ -73,21 +73,32 @@ def check_args(q, k, v, segment_ids, scale, chunk_size) -> float:
 
 
 def full_op(
-    chunked, preferred: int, check_gates, q, k, v, gates: tuple, *, segment_ids, scale, chunk_size, **state_options
+    chunked,
+    preferred: int,
+    check_gates,
+    q,
+    k,
+    v,
+    gates: tuple,
+    *,
+    segment_ids,
+    scale,
+    chunk_size,
+    initial_state,
+    return_state: bool,
 ):
     """A matrix-state op's full forward: the checks (`check_args`, `check_gates(k, *gates)`, initial_state), the
     chunk (chunk_size, or the smallest of CHUNK_SIZES up to `preferred` that holds T), then
-    `chunked(q, k, v, *gates, initial_state, segment_ids=, scale=, chunk_size=)`. state_options: initial_state,
-    return_state. Returns o, or (o, the final state) with return_state."""
+    `chunked(q, k, v, *gates, initial_state, segment_ids=, scale=, chunk_size=)`. Returns o, or (o, the final
+    state) with return_state."""
     scale = check_args(q, k, v, segment_ids, scale, chunk_size)
     check_gates(k, *gates)
     B, T, _, d_k = q.shape
-    initial_state = state_options["initial_state"]
     if initial_state is not None:
         check_matrix_state(initial_state, B, k.shape[2], d_k, v.shape[-1], "initial_state")
     c = chunk_size or default_chunk_size(T, preferred)
     o, state = chunked(q, k, v, *gates, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=c)
-    return (o, state) if state_options["return_state"] else o
+    return (o, state) if return_state else o
 
 
 def step_op(chunked, preferred: int, check_gates, state, q, k, v, gates: tuple, *, segment_ids, scale, chunk_size):
@@ -222,12 +233,14 @@ class ChunkedInputs(NamedTuple):
     S0: Float[Array, "B H dk dv"]
 
 
-def chunked_inputs(q, k, v, log_g, segment_ids, initial_state, *, scale: float, c: int, **gate_options):
-    """The chunked paths' common start (`token_gates` with gate_options: beta, per_channel), S0 zeros when
-    initial_state is None."""
+def chunked_inputs(
+    q, k, v, log_g, segment_ids, initial_state, *, scale: float, c: int, beta=None, per_channel: bool = False
+):
+    """The chunked paths' common start (`token_gates` with beta and per_channel), S0 zeros when initial_state is
+    None."""
     B, _, _, d_k = q.shape
     H, d_v, f32 = k.shape[2], v.shape[-1], jnp.float32
-    tokens = token_gates(k, v, log_g, segment_ids, **gate_options)
+    tokens = token_gates(k, v, log_g, segment_ids, beta=beta, per_channel=per_channel)
     k_c, v_c = to_chunks(tokens.k.astype(f32), c), to_chunks(tokens.v.astype(f32), c)
     S0 = jnp.zeros((B, H, d_k, d_v), f32) if initial_state is None else initial_state
     return ChunkedInputs(tokens, chunk_gates(tokens, c), query_chunks(q.astype(f32) * scale, H, c), k_c, v_c, S0)
@@ -264,6 +277,23 @@ def chunk_major(x):
 def compute_dtype(x) -> jnp.dtype:
     """float64 for float64 inputs (the oracles), else float32."""
     return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+
+
+def decayed_write(
+    S: Float[Array, "B H dk dv"], k_t: Float[Array, "B H dk"], v_t: Float[Array, "B H dv"], decay_t
+) -> Float[Array, "B H dk dv"]:
+    """One token of the decayed recurrences (linear attention, GLA), an `update` for `recurrence`.
+
+    Args:
+        S: the state before the token.
+        k_t: the token's key.
+        v_t: the token's value.
+        decay_t (Array): the decay [B, H], or per key row [B, H, d_k]; 0 drops S, NaN included.
+
+    Returns:
+        decay_t S + k_t v_t^T.
+    """
+    return decay_state(decay_t, S) + jnp.einsum("bhd,bhe->bhde", k_t, v_t)
 
 
 def recurrence(update, q: Float[Array, "B T Hq dk"], xs: tuple, S0, *, H: int, d_v: int, scale: float, dtype):

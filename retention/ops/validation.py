@@ -1,13 +1,15 @@
-"""Checks at the public boundary of both ops (power retention and softmax attention): each raises ValueError or
-TypeError naming the argument, the value and what is allowed, before any heavy work. Each op's own checks live in
-its folder (`power_retention/validation.py`, `attention/validation.py`); the generic ones in `retention.validation`.
+"""Checks at the public boundary of the ops (power retention, softmax attention, the matrix-state ops): each raises
+ValueError or TypeError naming the argument, the value and what is allowed, before any heavy work. Each op's own
+checks live beside it (`power_retention/validation.py`, `attention/validation.py`, `matrix_state.py`); the generic
+ones in `retention.validation`.
 `debug_checks=True` on an op adds the checks that need the values, run on the device (`runtime_input_checks`).
 """
 
 import jax.numpy as jnp
 import numpy as np
 
-from retention.validation import check_number, concrete
+from retention.ops.chunking import CHUNK_SIZES
+from retention.validation import check_choice, check_number, concrete
 
 FLOAT_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.float64)
 
@@ -41,6 +43,49 @@ def check_scale(scale) -> None:
     """scale is None (1/sqrt(d)) or a positive finite number."""
     if scale is not None:
         check_number("scale", scale, low=0.0, open_low=True)
+
+
+def check_chunk_size(chunk_size) -> None:
+    """Check a chunk size: None (the default for the length) or one of CHUNK_SIZES, an int (16.0 is not).
+
+    Args:
+        chunk_size (int | None): the chunk size to check.
+
+    Raises:
+        ValueError: when it is not.
+    """
+    if chunk_size is not None and not isinstance(chunk_size, (int, np.integer)):
+        raise ValueError(f"chunk_size must be None or an int, one of {CHUNK_SIZES}, got {chunk_size!r}")
+    check_choice("chunk_size", chunk_size, (None, *CHUNK_SIZES))
+
+
+def check_log_g(log_g, k, *, per_channel: bool = False) -> None:
+    """Check log-gates: None, or [B, T, H] like k's first three axes ([B, T, H, d_k] like k with `per_channel`),
+    floating, and (when the values are known) <= 0 or NaN: -inf is a reset; a positive gate raises here, and gives
+    NaN rows where the values are traced.
+
+    Args:
+        log_g (Array | None): the log-gates to check.
+        k (Array): the keys [B, T, H, d_k] they gate.
+        per_channel: a gate per key channel (GLA) rather than per kv-head.
+
+    Raises:
+        ValueError: a wrong shape, or a known positive gate.
+        TypeError: a dtype that is not floating.
+    """
+    if log_g is None:
+        return
+    shape, axes = (tuple(k.shape), "[B, T, H, d_k]") if per_channel else (tuple(k.shape[:3]), "[B, T, H]")
+    if getattr(log_g, "shape", None) != shape:
+        raise ValueError(f"log_g must have shape {axes} = {shape}, got {getattr(log_g, 'shape', None)}")
+    if log_g.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"log_g must be a floating dtype (float32 preferred), got {log_g.dtype}")
+    values = concrete(log_g)
+    if values is not None and (values > 0).any():
+        where = tuple(int(i) for i in np.argwhere(values > 0)[0])
+        raise ValueError(
+            f"log_g must be <= 0 (a log-gate; -inf is a reset), got {float(values[where])} at index {where}"
+        )
 
 
 def _reappearing_ids(segment_ids) -> np.ndarray:

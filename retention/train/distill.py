@@ -45,15 +45,14 @@ def teacher_pass(teacher: LM, student: LM, batch: dict, layers: tuple[int, ...])
     tokens, segment_ids = batch["inputs"], batch.get("segment_ids")
     T = tokens.shape[1]
     positions = jnp.arange(T, dtype=jnp.int32) if segment_ids is None else document_positions(segment_ids)
-    options = dict(positions=positions, segment_ids=segment_ids)
     x_BTD, mse = jax.lax.stop_gradient(teacher.embed(tokens)), []
     for i, block in enumerate(teacher.blocks):
         if i in layers:
             h_BTD = jax.lax.stop_gradient(block.mixer_norm(x_BTD))
-            want = jax.lax.stop_gradient(block.mixer(h_BTD, **options)[0]).astype(jnp.float32)
-            got = student.blocks[i].mixer(h_BTD, **options)[0].astype(jnp.float32)
-            mse.append(jnp.mean(jnp.square(got - want)))
-        x_BTD = jax.lax.stop_gradient(block(x_BTD, **options)[0])
+            want = jax.lax.stop_gradient(block.mixer(h_BTD, positions=positions, segment_ids=segment_ids)[0])
+            got = student.blocks[i].mixer(h_BTD, positions=positions, segment_ids=segment_ids)[0]
+            mse.append(jnp.mean(jnp.square(got.astype(jnp.float32) - want.astype(jnp.float32))))
+        x_BTD = jax.lax.stop_gradient(block(x_BTD, positions=positions, segment_ids=segment_ids)[0])
     x_BTD = teacher.final_norm(x_BTD)
     logits = teacher.embed.attend(x_BTD) if teacher.head is None else teacher.head(x_BTD)
     return jax.lax.stop_gradient(logits.astype(jnp.float32)), sum(mse) / len(mse)

@@ -19,7 +19,7 @@ from jax._src.mesh import AbstractDevice, AbstractMesh
 from jax.experimental import pallas as pl
 
 from retention import init_state, power_retention_step
-from retention.ops.power_retention import DEFAULT_CHUNK_SIZE, default_chunk_size
+from retention.ops.chunking import DEFAULT_CHUNK_SIZE, default_chunk_size
 from retention.ops.power_retention.pallas import chunked_pallas, pallas_supports, step_pallas
 from tests.helpers import random_qkv
 from tests.ops.cases import case_ids, check_path, stepped

@@ -3,12 +3,12 @@
 S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = scale S_t^T q_t. Equivalently
 S_t = exp(g_t) S_{t-1} + k_t u_t^T with u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t). Inside a chunk of c tokens
 from the state S (F the cumulative log-gates, R the reset counts: `matrix_state.chunk_gates`; D_ij =
-exp(F_i - F_j) for j <= i in one document, `power_retention.chunk_math.causal_decay`):
+exp(F_i - F_j) for j <= i in one document, `decay.causal_decay`):
     (I + L) U~ = diag(beta) V - diag(beta exp(F)) K S,   L_ij = beta_i (k_i . k_j) D_ij for j < i,
 a unit lower-triangular system, solved once per chunk for both right-hand sides: U = (I + L)^-1 diag(beta) V and
 W = (I + L)^-1 diag(beta exp(F)) K, so that U~ = U - W S. Then
     o = exp(F) Q S + (Q K^T * D) U~,    S' = exp(F_end) S + (K * exp(F_end - F))^T U~,
-with the masks of `power_retention.chunk_math.gate_factors` at degree 1 (rows after the chunk's first reset do
+with the masks of `decay.gate_factors` at degree 1 (rows after the chunk's first reset do
 not read S; keys of earlier documents do not enter S'). Every exponent is <= 0. U, W, Q K^T * D and their
 S-free products run batched over all chunks (linear in T); the scan over chunks carries S only through W S, and
 is rematerialised (the backward keeps one [B, H, d_k, d_v] state per chunk). The terms in S are masked with
@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import causal_decay, decay_state, gate_factors
 from retention.ops.matrix_state import chunked_inputs, poison_state, scan_state, to_chunks
-from retention.ops.power_retention.chunk_math import causal_decay, decay_state, gate_factors
 
 
 def gated_delta_rule_chunked(
@@ -39,8 +39,9 @@ def gated_delta_rule_chunked(
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size`, float32 throughout. Inputs are assumed validated (see `gated_delta_rule`)."""
     d_v, c = v.shape[-1], chunk_size
-    options = dict(scale=scale, c=c, beta=beta)
-    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(q, k, v, log_g, segment_ids, initial_state, **options)
+    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(
+        q, k, v, log_g, segment_ids, initial_state, scale=scale, c=c, beta=beta
+    )
     beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]
     fq, fk, decay = gate_factors(gates.F, gates.R, 1)
     D = causal_decay(gates.F, gates.R)  # [B, N, H, c, c]

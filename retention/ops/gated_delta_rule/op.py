@@ -4,7 +4,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.gated_delta_rule.chunked import gated_delta_rule_chunked
 from retention.ops.matrix_state import check_beta, full_op, step_op
-from retention.ops.power_retention.validation import check_log_g
+from retention.ops.validation import check_log_g
 
 PREFERRED_CHUNK = 64
 
@@ -49,7 +49,6 @@ def gated_delta_rule(
         (Array | tuple[Array, Array]): o [B, T, Hq, d_v] in v's dtype; with `return_state` the pair (o, state), state
             [B, H, d_k, d_v] float32.
     """
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
     return full_op(
         gated_delta_rule_chunked,
         PREFERRED_CHUNK,
@@ -58,7 +57,9 @@ def gated_delta_rule(
         k,
         v,
         (beta, log_g),
-        **options,
+        segment_ids=segment_ids,
+        scale=scale,
+        chunk_size=chunk_size,
         initial_state=initial_state,
         return_state=return_state,
     )
@@ -95,5 +96,16 @@ def gated_delta_rule_step(
         o: [B, n, Hq, d_v] in v's dtype.
         state: the new state [B, H, d_k, d_v].
     """
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
-    return step_op(gated_delta_rule_chunked, PREFERRED_CHUNK, _check_gates, state, q, k, v, (beta, log_g), **options)
+    return step_op(
+        gated_delta_rule_chunked,
+        PREFERRED_CHUNK,
+        _check_gates,
+        state,
+        q,
+        k,
+        v,
+        (beta, log_g),
+        segment_ids=segment_ids,
+        scale=scale,
+        chunk_size=chunk_size,
+    )

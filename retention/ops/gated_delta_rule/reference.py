@@ -5,8 +5,8 @@ S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T, o_t = scale S_
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import decay_state
 from retention.ops.matrix_state import compute_dtype, recurrence, token_gates
-from retention.ops.power_retention.chunk_math import decay_state
 
 
 def _token(S, k_t, v_t, beta_t, decay_t):

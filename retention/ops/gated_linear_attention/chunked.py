@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import decay_state, masked_exp
 from retention.ops.matrix_state import chunk_major, chunked_inputs, poison_state, scan_state
-from retention.ops.power_retention.chunk_math import decay_state, masked_exp
 
 SUB_CHUNK = 16
 INTRA_GROUP_BYTES = 1 << 24
@@ -75,8 +75,9 @@ def gated_linear_attention_chunked(
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size` (a multiple of SUB_CHUNK, or at most SUB_CHUNK), float32 throughout. Inputs are assumed
     validated (see `gated_linear_attention`)."""
-    options = dict(scale=scale, c=chunk_size, per_channel=True)
-    _, gates, q_c, k_c, v_c, S0 = chunked_inputs(q, k, v, log_g, segment_ids, initial_state, **options)  # F [..., dk]
+    _, gates, q_c, k_c, v_c, S0 = chunked_inputs(
+        q, k, v, log_g, segment_ids, initial_state, scale=scale, c=chunk_size, per_channel=True
+    )  # F [..., dk]
     intra = _intra_chunks(*map(chunk_major, (q_c, k_c, v_c, gates.F, gates.R)), min(SUB_CHUNK, chunk_size))
 
     F, R = gates.F, gates.R[..., None]

@@ -4,7 +4,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.gated_linear_attention.chunked import gated_linear_attention_chunked
 from retention.ops.matrix_state import full_op, step_op
-from retention.ops.power_retention.validation import check_log_g
+from retention.ops.validation import check_log_g
 
 PREFERRED_CHUNK = 64
 
@@ -48,7 +48,6 @@ def gated_linear_attention(
         (Array | tuple[Array, Array]): o [B, T, Hq, d_v] in v's dtype; with `return_state` the pair (o, state), state
             [B, H, d_k, d_v] float32.
     """
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
     return full_op(
         gated_linear_attention_chunked,
         PREFERRED_CHUNK,
@@ -57,7 +56,9 @@ def gated_linear_attention(
         k,
         v,
         (log_g,),
-        **options,
+        segment_ids=segment_ids,
+        scale=scale,
+        chunk_size=chunk_size,
         initial_state=initial_state,
         return_state=return_state,
     )
@@ -92,5 +93,16 @@ def gated_linear_attention_step(
         o: [B, n, Hq, d_v] in v's dtype.
         state: the new state [B, H, d_k, d_v].
     """
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
-    return step_op(gated_linear_attention_chunked, PREFERRED_CHUNK, _check_gates, state, q, k, v, (log_g,), **options)
+    return step_op(
+        gated_linear_attention_chunked,
+        PREFERRED_CHUNK,
+        _check_gates,
+        state,
+        q,
+        k,
+        v,
+        (log_g,),
+        segment_ids=segment_ids,
+        scale=scale,
+        chunk_size=chunk_size,
+    )

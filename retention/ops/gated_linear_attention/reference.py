@@ -3,8 +3,7 @@ o_t = scale S_t^T q_t (a reset clears S_{t-1}; `matrix_state.token_gates`), in f
 
 from jaxtyping import Array, Float, Int
 
-from retention.ops.linear_attention.reference import decayed_write
-from retention.ops.matrix_state import compute_dtype, recurrence, token_gates
+from retention.ops.matrix_state import compute_dtype, decayed_write, recurrence, token_gates
 
 
 def gated_linear_attention_recurrence(

@@ -1,7 +1,7 @@
 """Chunked linear attention with a scalar decay per token and head, in plain JAX.
 
 S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t. Per chunk of c tokens (F, R from
-`matrix_state.chunk_gates`; the masks of `power_retention.chunk_math`, at degree 1):
+`matrix_state.chunk_gates`; the masks of `retention/ops/decay.py`, at degree 1):
 - inside it, o_i += sum_{j <= i, same document} (q_i . k_j) exp(F_i - F_j) v_j;
 - across chunks, o_i += exp(F_i) q_i^T S for the rows before the chunk's first reset, and
   S <- exp(F_end) S + sum_{j in the last document} exp(F_end - F_j) k_j v_j^T (S dropped when the chunk resets;
@@ -13,8 +13,8 @@ the state runs as a rematerialised `lax.scan` over chunks (the backward keeps on
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import causal_decay, decay_state, gate_factors
 from retention.ops.matrix_state import chunked_inputs, poison_state, scan_state
-from retention.ops.power_retention.chunk_math import causal_decay, decay_state, gate_factors
 
 
 def linear_attention_chunked(

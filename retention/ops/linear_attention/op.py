@@ -4,7 +4,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.ops.linear_attention.chunked import linear_attention_chunked
 from retention.ops.matrix_state import full_op, step_op
-from retention.ops.power_retention.validation import check_log_g
+from retention.ops.validation import check_log_g
 
 PREFERRED_CHUNK = 128
 
@@ -45,7 +45,6 @@ def linear_attention(
         (Array | tuple[Array, Array]): o [B, T, Hq, d_v] in v's dtype; with `return_state` the pair (o, state), state
             [B, H, d_k, d_v] float32.
     """
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
     return full_op(
         linear_attention_chunked,
         PREFERRED_CHUNK,
@@ -54,7 +53,9 @@ def linear_attention(
         k,
         v,
         (log_g,),
-        **options,
+        segment_ids=segment_ids,
+        scale=scale,
+        chunk_size=chunk_size,
         initial_state=initial_state,
         return_state=return_state,
     )
@@ -89,5 +90,16 @@ def linear_attention_step(
         o: [B, n, Hq, d_v] in v's dtype.
         state: the new state [B, H, d_k, d_v].
     """
-    options = dict(segment_ids=segment_ids, scale=scale, chunk_size=chunk_size)
-    return step_op(linear_attention_chunked, PREFERRED_CHUNK, _check_gates, state, q, k, v, (log_g,), **options)
+    return step_op(
+        linear_attention_chunked,
+        PREFERRED_CHUNK,
+        _check_gates,
+        state,
+        q,
+        k,
+        v,
+        (log_g,),
+        segment_ids=segment_ids,
+        scale=scale,
+        chunk_size=chunk_size,
+    )

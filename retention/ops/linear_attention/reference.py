@@ -1,16 +1,9 @@
 """The oracle of linear attention: the token-by-token recurrence S_t = exp(g_t) S_{t-1} + k_t v_t^T,
 o_t = scale S_t^T q_t (a reset clears S_{t-1}; `matrix_state.token_gates`), in float64 for float64 inputs."""
 
-import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from retention.ops.matrix_state import compute_dtype, recurrence, token_gates
-from retention.ops.power_retention.chunk_math import decay_state
-
-
-def decayed_write(S, k_t, v_t, decay_t):
-    """decay_t S + k_t v_t^T (decay [B, H] or per key row [B, H, d_k]; a decay of 0 drops S, NaN included)."""
-    return decay_state(decay_t, S) + jnp.einsum("bhd,bhe->bhde", k_t, v_t)
+from retention.ops.matrix_state import compute_dtype, decayed_write, recurrence, token_gates
 
 
 def linear_attention_recurrence(

@@ -2,47 +2,16 @@
 parallelism and the token recurrence (the Pallas kernels have their own, in
 `pallas_kernels/power_retention/kernel_math.py`).
 
-Within a chunk (tokens on the last axis of F and R, from `gates.chunk_gates`: F the cumulative log-gate, R
-the count of resets so far, F_end and R_end their last entries), the reset contract:
-- intra-chunk decay(i, j) = exp(F_i - F_j) if R_i == R_j, else 0 (j <= i);
-- query i reads the state carried into the chunk as phi(q exp(F_i/p)) if R_i == 0, else not at all;
-- key j enters the state carried out as phi(k exp((F_end - F_j)/p)) if R_j == R_end, else not at all;
-- the carried state decays by exp(F_end) if R_end == 0, else it is dropped.
-Gates enter as exp(F/p) factors on q and k, exact because phi is p-homogeneous; every exponent is <= 0, so nothing
-overflows at any length. Masks are `where`s, never products with 0, so a NaN stays in the rows that see it.
+F and R come from `gates.chunk_gates`; the decay and reset masks (the reset contract) are `retention/ops/decay.py`'s,
+shared with the matrix-state ops. Gates enter as exp(F/p) factors on q and k, exact because phi is p-homogeneous.
 """
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import causal_decay
 from retention.ops.power_retention.sympow import sympow
-
-
-def masked_exp(x, mask):
-    """exp(x) where mask, else 0; the exponent is masked too, so an unselected inf or NaN reaches no gradient."""
-    return jnp.where(mask, jnp.exp(jnp.where(mask, x, 0.0)), 0.0)
-
-
-def gate_factors(F: Float[Array, "... c"], R: Int[Array, "... c"], deg: int):
-    """(query factors [..., c], key factors [..., c], chunk decay [...]) of the module docstring: exp(F/p) where
-    R == 0, exp((F_end - F)/p) where R == R_end, exp(F_end) where R_end == 0; 0 elsewhere."""
-    F_end, R_end = F[..., -1:], R[..., -1:]
-    decay = masked_exp(F_end, R_end == 0)[..., 0]
-    return masked_exp(F / deg, R == 0), masked_exp((F_end - F) / deg, R == R_end), decay
-
-
-def causal_decay(F: Float[Array, "... c"], R: Int[Array, "... c"]) -> Float[Array, "... c c"]:
-    """exp(F_i - F_j) for j <= i in one document (R_i == R_j), else 0."""
-    c = F.shape[-1]
-    mask = jnp.tril(jnp.ones((c, c), dtype=bool)) & (R[..., :, None] == R[..., None, :])
-    return masked_exp(F[..., :, None] - F[..., None, :], mask)
-
-
-def decay_state(decay: Float[Array, "B H"], x: Float[Array, "B H ..."]) -> Float[Array, "B H ..."]:
-    """decay * x, with a decay of 0 (a reset) dropping x outright, NaN included."""
-    decay = decay.reshape(decay.shape + (1,) * (x.ndim - decay.ndim))
-    return jnp.where(decay == 0, 0.0, decay * x)
 
 
 def intra_chunk(

@@ -21,14 +21,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import (
-    decay_state,
-    gate_factors,
-    intra_chunk,
-    normalise,
-    state_read,
-    state_write,
-)
+from retention.ops.decay import decay_state, gate_factors
+from retention.ops.power_retention.chunk_math import intra_chunk, normalise, state_read, state_write
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.state import RetentionState, augment, split, with_ones
 

@@ -32,13 +32,15 @@ from einops import rearrange
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
+from retention.ops.chunking import default_chunk_size
 from retention.ops.context_mesh import SEQUENCE_AXIS, heads_axis, resolve_sequence_mesh
-from retention.ops.power_retention.chunk_math import decay_state, gate_factors, state_write
+from retention.ops.decay import decay_state, gate_factors
+from retention.ops.power_retention.chunk_math import state_write
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.op import power_retention, run_debug_checks
 from retention.ops.power_retention.pallas import interpreted
 from retention.ops.power_retention.state import RetentionState, augment, check_state, split, with_ones
-from retention.ops.power_retention.validation import STATE_IMPLS, check_op_args, default_chunk_size
+from retention.ops.power_retention.validation import STATE_IMPLS, check_op_args
 from retention.ops.segments import document_starts
 
 

@@ -2,9 +2,9 @@
 recurrence, context parallel, and the Pallas kernels' glue).
 
 Per token t and kv-head (log_g None: 0; segment_ids None: one document):
-- reset_t (the state carried into t is cleared): log_g_t <= LOG_G_ZERO (-inf, or a gate whose float32 value
-  exp(log_g_t) is exactly 0, where the recurrence multiplies the state by 0), or t > 0 and
-  segment_ids[b, t] != segment_ids[b, t-1] (a new document). Token 0 of a call never resets by segment ids;
+- reset_t (the state carried into t is cleared): log_g_t <= LOG_G_ZERO (`retention/ops/decay.py`; -inf, or a
+  gate whose float32 value exp(log_g_t) is exactly 0, where the recurrence multiplies the state by 0), or t > 0
+  and segment_ids[b, t] != segment_ids[b, t-1] (a new document). Token 0 of a call never resets by segment ids;
 - a_t, the finite log-gate: 0 at a reset, else log_g_t; NaN where log_g_t is positive or NaN (also at a reset: a
   document's first token, or token 0, with such a gate is poisoned), or where k_t or v_t has a non-finite entry.
   Those k_t, v_t become zeros, so the token's NaN travels only through a: it reaches that row and every later row
@@ -25,9 +25,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
+from retention.ops.decay import LOG_G_ZERO
 from retention.ops.segments import document_starts
-
-LOG_G_ZERO = -104.0  # exp(x) rounds to 0 in float32 below about -103.97: such a gate is a reset
 
 
 class ChunkGates(NamedTuple):

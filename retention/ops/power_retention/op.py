@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from retention.ops.chunking import DEFAULT_CHUNK_SIZE, default_chunk_size
 from retention.ops.platform import target_platform
 from retention.ops.power_retention.chunked import power_retention_chunked
 from retention.ops.power_retention.pallas import pallas_supports
@@ -27,14 +28,7 @@ from retention.ops.power_retention.pallas_mesh import chunked_on_mesh, step_on_m
 from retention.ops.power_retention.recurrent import chunk_step
 from retention.ops.power_retention.reference import power_retention_reference
 from retention.ops.power_retention.state import RetentionState, check_state, clear_rows, init_state
-from retention.ops.power_retention.validation import (
-    DEFAULT_CHUNK_SIZE,
-    RETENTION_IMPLS,
-    STATE_IMPLS,
-    check_op_args,
-    default_chunk_size,
-    runtime_gate_checks,
-)
+from retention.ops.power_retention.validation import RETENTION_IMPLS, STATE_IMPLS, check_op_args, runtime_gate_checks
 from retention.ops.validation import runtime_input_checks
 from retention.validation import check_at_runtime
 
@@ -118,13 +112,16 @@ def power_retention(
             raise ValueError("impl='reference' takes no initial_state and returns no state; use impl='xla'")
         return power_retention_reference(q, k, v, log_g, segment_ids=segment_ids, deg=deg, scale=scale)
 
-    options = dict(segment_ids=segment_ids, deg=deg, scale=scale)
     if _use_pallas(impl, q, k, deg, chunk_size):
         state = init_state(B, H, d, deg) if initial_state is None else initial_state
-        y, state = chunked_on_mesh(q, k, v, log_g, state, **options, chunk_size=chunk_size)
+        y, state = chunked_on_mesh(
+            q, k, v, log_g, state, segment_ids=segment_ids, deg=deg, scale=scale, chunk_size=chunk_size
+        )
     else:  # None: an empty state, which the chunked path need not read
         chunk_size = chunk_size or default_chunk_size(T)
-        y, state = power_retention_chunked(q, k, v, log_g, initial_state, **options, chunk_size=chunk_size)
+        y, state = power_retention_chunked(
+            q, k, v, log_g, initial_state, segment_ids=segment_ids, deg=deg, scale=scale, chunk_size=chunk_size
+        )
     return (y, state) if return_state else y
 
 
@@ -176,14 +173,15 @@ def power_retention_step(
     check_state(state, B, k.shape[2], d, deg, "state")
     if debug_checks:
         run_debug_checks(q, k, v, log_g, segment_ids, state, "state")
-    options = dict(segment_ids=segment_ids, deg=deg, scale=scale)
     if n > (chunk_size or DEFAULT_CHUNK_SIZE):
-        return _chunked_in_pieces(state, q, k, v, log_g, **options, chunk_size=chunk_size, impl=impl)
+        return _chunked_in_pieces(
+            state, q, k, v, log_g, segment_ids=segment_ids, deg=deg, scale=scale, chunk_size=chunk_size, impl=impl
+        )
     run = step_on_mesh if _use_pallas(impl, q, k, deg, None) else chunk_step
-    return run(state, q, k, v, log_g, **options)
+    return run(state, q, k, v, log_g, segment_ids=segment_ids, deg=deg, scale=scale)
 
 
-def _chunked_in_pieces(state, q, k, v, log_g, *, segment_ids, **options):
+def _chunked_in_pieces(state, q, k, v, log_g, *, segment_ids, deg, scale, chunk_size, impl):
     """The chunked op from `state` over n tokens, STEP_PIECE at a time in a loop (the last, shorter piece after
     it), each from the state the one before left (cleared for the rows whose piece starts a document): (y, state).
     Pieces are whole chunks, so the arithmetic is the one-call op's."""
@@ -195,7 +193,16 @@ def _chunked_in_pieces(state, q, k, v, log_g, *, segment_ids, **options):
             previous = jax.lax.dynamic_index_in_dim(segment_ids, jnp.maximum(start - 1, 0), axis=1, keepdims=False)
             state = clear_rows(state, (start > 0) & (piece(segment_ids)[:, 0] != previous))
         args = map(piece, (q, k, v, log_g))
-        return power_retention(*args, segment_ids=piece(segment_ids), initial_state=state, return_state=True, **options)
+        return power_retention(
+            *args,
+            segment_ids=piece(segment_ids),
+            deg=deg,
+            scale=scale,
+            chunk_size=chunk_size,
+            impl=impl,
+            initial_state=state,
+            return_state=True,
+        )
 
     full = n // STEP_PIECE
     if full == 0 or n == STEP_PIECE:

@@ -13,16 +13,8 @@ import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import (
-    causal_decay,
-    decay_state,
-    gate_factors,
-    intra_chunk,
-    masked_exp,
-    normalise,
-    state_read,
-    state_write,
-)
+from retention.ops.decay import causal_decay, decay_state, gate_factors, masked_exp
+from retention.ops.power_retention.chunk_math import intra_chunk, normalise, state_read, state_write
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.state import RetentionState, augment, split, with_ones
 from retention.ops.power_retention.sympow import sympow

@@ -22,7 +22,8 @@ import numpy as np
 from einops import rearrange
 from jaxtyping import Array, Float, Int
 
-from retention.ops.power_retention.chunk_math import decay_state, gate_factors, normalise
+from retention.ops.decay import decay_state, gate_factors
+from retention.ops.power_retention.chunk_math import normalise
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.state import RetentionState, augment, init_state, split, with_ones
 
