@@ -3,6 +3,7 @@
 python -m experiments.long_context text outputs/long_text/softmax/<date> outputs/long_text/power/<date>
 python -m experiments.long_context text RUN --length 4096 --docs 2 --out /tmp/lc/text.json     # a smoke run
 python -m experiments.long_context recall RUN ... --lengths 4096 16384 65536 --queries 512
+python -m experiments.long_context text MORE_RUNS ... --merge    # add models to the JSON at --out (resumable)
 """
 
 import argparse
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         sub.add_argument("--path", choices=PATHS, default="auto", help="forward, carry, or auto (forward if it fits)")
         sub.add_argument("--segment", type=int, default=SEGMENT, help="tokens a decode step on the carry path")
         sub.add_argument("--max-gib", type=float, default=32.0, help="auto: carry when the forward needs more")
+        sub.add_argument("--merge", action="store_true", help="add these models to the JSON at --out (same setting)")
     return parser.parse_args(argv)
 
 
@@ -86,13 +88,48 @@ def write_result(result: dict, out: Path, kind: str) -> str:
     return page
 
 
+SETTING = {"text": ("length", "documents"), "recall": ("lengths", "queries", "gap_fraction", "batch_tokens")}
+
+
+def merged(earlier: dict, result: dict, kind: str) -> dict:
+    """`earlier` (a JSON this command wrote) with `result`'s models added after its own, a model read again
+    replacing its earlier row; the commands of both kept in order.
+
+    Args:
+        earlier: the JSON at --out, as read back.
+        result: this call's result, as written (non-finite numbers as null).
+        kind: "text" or "recall".
+
+    Returns:
+        The merged result.
+
+    Raises:
+        ValueError: the two were read with another setting (text: length or documents; recall: lengths, queries,
+            gap or batch), naming the first that differs.
+    """
+    for key in SETTING[kind]:
+        if earlier.get(key) != result[key]:
+            raise ValueError(
+                f"--merge: {key} differs from the JSON at --out ({earlier.get(key)!r}, now {result[key]!r})"
+            )
+    label = lambda row: row["label"]
+    fresh = {label(row) for row in result["models"]}
+    models = [row for row in earlier["models"] if label(row) not in fresh] + result["models"]
+    commands = earlier["command"] if isinstance(earlier["command"], list) else [earlier["command"]]
+    return {**result, "command": [*commands, result["command"]], "models": models}
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     options = check_args(args)
     command = shlex.join(["python", "-m", "experiments.long_context", *(sys.argv[1:] if argv is None else argv)])
     evaluate = text_result if args.kind == "text" else recall_result
     result = evaluate(args.runs, options, command)
-    print(write_result(result, Path(args.out), args.kind))
+    out = Path(args.out)
+    if args.merge and out.exists():
+        as_written = json.loads(json.dumps(result))  # tuples as lists, as the JSON at --out holds them
+        result = merged(json.loads(out.read_text()), as_written, args.kind)
+    print(write_result(result, out, args.kind))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def text_markdown(result: dict, figure: str) -> str:
     listing = "\n".join(f"- `{d['name']}` ({d['bytes']:,} bytes, sha256 `{d['sha256']}`)" for d in docs["chosen"])
     rule = ", ".join(f"{k}: {v}" for k, v in docs["rule"].items())
     return (
-        f"# Loss by position at {tokens(result['length'])}\n\n`{result['command']}` ({result['machine']['device']}, "
+        f"# Loss by position at {tokens(result['length'])}\n\n{commands(result)} ({result['machine']['device']}, "
         f"{result['machine']['date']}). Held-out bits per byte of each model over {docs['count']} documents, each "
         f"read as one sequence of {result['length']:,} tokens from its start; the columns after the first are "
         "position buckets [lo, hi). `path`: one compiled forward, or a prefill and decode steps carrying the "
@@ -100,11 +100,17 @@ def recall_figure(result: dict, path: Path) -> str:
     return save(fig, path)
 
 
+def commands(result: dict) -> str:
+    """The command that made the result, or each in order when `--merge` added models: as Markdown code."""
+    given = result["command"] if isinstance(result["command"], list) else [result["command"]]
+    return ", then ".join(f"`{c}`" for c in given)
+
+
 def recall_markdown(result: dict, figure: str) -> str:
     """The recall result's page: per task a table of the metric at each length with the queries read, and the
     cost at the longest."""
     parts = [
-        f"# Recall at long context\n\n`{result['command']}` ({result['machine']['device']}, "
+        f"# Recall at long context\n\n{commands(result)} ({result['machine']['device']}, "
         f"{result['machine']['date']}). MQAR: accuracy over at least {result['queries']} queries a length, every "
         f"query more than {result['gap_fraction']:g} L tokens after its key; passkey: exact match (all five digits) "
         f"over at least {result['queries']} passkeys a length, spread over the run's depths. Cells: the metric "

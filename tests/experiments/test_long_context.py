@@ -84,6 +84,27 @@ def test_text_reads_the_recorded_documents_by_position(runs, tmp_path):
 
 
 @pytest.mark.xdist_group("long_context_runs")  # one worker trains the `runs` fixture, once
+def test_merge_adds_models_as_one_read_would(runs, tmp_path):
+    """--merge: softmax read first, the hybrid added by a second call, gives the rows of one call reading both
+    (both commands recorded); a call with another length is refused and leaves the JSON as it was."""
+    flags = ["--length", "256", "--docs", "1", "--rope"]
+    together, merged = tmp_path / "together.json", tmp_path / "merged.json"
+    main(["text", runs["text_softmax"], runs["text_hybrid"], *flags, "--out", str(together)])
+    main(["text", runs["text_softmax"], *flags, "--out", str(merged)])
+    main(["text", runs["text_hybrid"], *flags, "--merge", "--out", str(merged)])
+    want, got = json.loads(together.read_text()), json.loads(merged.read_text())
+    assert [r["label"] for r in got["models"]] == [r["label"] for r in want["models"]]
+    for g, w in zip(got["models"], want["models"]):
+        assert [b["nll"] for b in g["buckets"]] == pytest.approx([b["nll"] for b in w["buckets"]], rel=1e-6)
+    assert len(got["command"]) == 2 and got["command"][1].endswith(f"--merge --out {merged}")
+    assert got["command"][0] in merged.with_suffix(".md").read_text()
+    before = merged.read_text()
+    with pytest.raises(ValueError, match="--merge: length differs"):
+        main(["text", runs["text_hybrid"], "--length", "128", "--docs", "1", "--rope", "--merge", "--out", str(merged)])
+    assert merged.read_text() == before
+
+
+@pytest.mark.xdist_group("long_context_runs")  # one worker trains the `runs` fixture, once
 def test_recall_reads_at_least_the_queries_asked_for(runs, tmp_path):
     out = tmp_path / "recall.json"
     flags = ["--lengths", "128", "256", "--queries", "41", "--batch-tokens", "512", "--rope", "linear"]
