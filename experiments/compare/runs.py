@@ -51,6 +51,7 @@ METRICS = {
     "passkey": Metric(("exact_match",), True, ("exact match",)),
     "copy": Metric(("accuracy",), True, ("accuracy",)),
     "text": Metric(("bits_per_byte", "loss"), False, ("bits per byte", "loss (nats per token)")),
+    "long_text": Metric(("bits_per_byte", "loss"), False, ("bits per byte", "loss (nats per token)")),
 }
 
 

@@ -17,6 +17,7 @@ from experiments.compare.models import (
 from experiments.compare.presets import PRESETS, SMOKE, with_overrides
 from experiments.compare.protocol import Run
 from experiments.compare.quality import run_overrides
+from experiments.compare.runs import METRICS
 from experiments.compare.speed import train_step_time
 from retention.train.config import build, make_dataset
 from tests.data.test_mqar_min_gap import query_distances
@@ -146,3 +147,11 @@ def test_with_overrides_changes_by_key():
     )
     with pytest.raises(ValueError, match="removes 'model.window'"):
         with_overrides(base, "~model.window")
+
+
+def test_every_task_of_every_preset_has_its_metric():
+    """The protocol picks lrs and reads results by the task's data (runs.METRICS): a preset's task on data without
+    one (long_text, before) trains its sweep and then stops with a KeyError before any lr is chosen."""
+    for preset in PRESETS.values():
+        for name, task in preset.tasks.items():
+            assert task.data in METRICS, (preset.name, name, task.data)
