@@ -95,20 +95,37 @@ def _loss(op, ct, q, k, v, log_g):
     return jnp.vdot(y, ct), state
 
 
+GRADIENT_NAMES = ("S", "z", "dq", "dk", "dv", "dlog_g")  # dq, dk, dv, dlog_g check y through the cotangent
+
+
+def state_and_grads(op, args, ct) -> tuple:
+    """op's final state and the gradients of <y, ct> (GRADIENT_NAMES' order), from one compiled value-and-grad.
+
+    Args:
+        op: (q, k, v, log_g) -> (y, state).
+        args: (q, k, v, log_g).
+        ct: the cotangent of y.
+
+    Returns:
+        (S, z, dq, dk, dv, dlog_g).
+    """
+    grad = jax.value_and_grad(partial(_loss, op, ct), argnums=(0, 1, 2, 3), has_aux=True)
+    (_, final), grads = jax.jit(grad)(*args)
+    return (final.S, final.z, *grads)
+
+
+def rel_errs(got: tuple, want: tuple) -> dict:
+    """{name: relative error} of two `state_and_grads` results."""
+    return {n: rel_err(a, b) for n, a, b in zip(GRADIENT_NAMES, got, want)}
+
+
 def check(T, H, d, blocks):
     """Relative errors of the kernels against the XLA chunked path, float32 with exact matmuls (one compiled
     value-and-gradient per path)."""
-    q, k, v, log_g = inputs(0, 1, T, H, d, jnp.float32)
-    ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
-    out = {}
+    args = inputs(0, 1, T, H, d, jnp.float32)
+    ct = jax.random.normal(jax.random.key(1), args[0].shape, jnp.float32)
     with jax.default_matmul_precision("highest"):
-        for name, op in (("pallas", kernel_op(blocks)), ("xla", xla_op)):
-            (_, final), grads = jax.jit(jax.value_and_grad(partial(_loss, op, ct), argnums=(0, 1, 2, 3), has_aux=True))(
-                q, k, v, log_g
-            )
-            out[name] = (final.S, final.z, *grads)
-    names = ("S", "z", "dq", "dk", "dv", "dlog_g")  # dq, dk, dv, dlog_g check y through the cotangent
-    return {n: rel_err(a, b) for n, a, b in zip(names, out["pallas"], out["xla"])}
+        return rel_errs(state_and_grads(kernel_op(blocks), args, ct), state_and_grads(xla_op, args, ct))
 
 
 def mosaic_candidates(backend, sizes) -> list:
@@ -124,19 +141,16 @@ def mosaic_candidates(backend, sizes) -> list:
 def check_mosaic(T, H, d, blocks) -> dict:
     """bf16 relative errors of the Mosaic forward's final state and gradients (y through the cotangent) against
     the Triton kernels' at the same chunk, or {"failed": the error} where it does not compile or run."""
-    q, k, v, log_g = inputs(0, 1, T, H, d, jnp.bfloat16)
-    ct = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
-    out = {}
+    args = inputs(0, 1, T, H, d, jnp.bfloat16)
+    ct = jax.random.normal(jax.random.key(1), args[0].shape, jnp.float32)
     try:
-        for name in ("mosaic", "triton"):
-            op = kernel_op(dataclasses.replace(blocks, forward=name))
-            grad = jax.value_and_grad(partial(_loss, op, ct), argnums=(0, 1, 2, 3), has_aux=True)
-            (_, final), grads = jax.jit(grad)(q, k, v, log_g)
-            out[name] = (final.S, final.z, *grads)
+        out = {
+            name: state_and_grads(kernel_op(dataclasses.replace(blocks, forward=name)), args, ct)
+            for name in ("mosaic", "triton")
+        }
     except Exception as error:  # the first device run of this kernel: record what fails, keep checking the rest
         return {"failed": f"{type(error).__name__}: {str(error)[:2000]}"}
-    names = ("S", "z", "dq", "dk", "dv", "dlog_g")
-    return {n: rel_err(a, b) for n, a, b in zip(names, out["mosaic"], out["triton"])}
+    return rel_errs(out["mosaic"], out["triton"])
 
 
 def train_times(op, args, repeats, forward: bool = True):

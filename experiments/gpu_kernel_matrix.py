@@ -12,23 +12,14 @@ import dataclasses
 import json
 import os
 import time
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 
 import pallas_kernels.power_retention as kernels
-from experiments.gpu_check import _loss, inputs, kernel_op, rel_err, train_times, xla_op
+from experiments.gpu_check import inputs, kernel_op, rel_errs, state_and_grads, train_times, xla_op
 
 START = time.perf_counter()
-
-
-def gradients(op, args, ct, precision):
-    """(final S, final z, dq, dk, dv, dlog_g) of <op(args).y, ct>, compiled."""
-    with jax.default_matmul_precision(precision):
-        grad = jax.value_and_grad(partial(_loss, op, ct), argnums=(0, 1, 2, 3), has_aux=True)
-        (_, final), grads = jax.jit(grad)(*args)
-    return (final.S, final.z, *grads)
 
 
 def main(argv=None):
@@ -42,17 +33,17 @@ def main(argv=None):
     grid = [
         dataclasses.replace(base, chunk=c, num_warps=w, num_stages=s) for c in (64, 128) for w, s in ((4, 1), (8, 2))
     ]
-    names = ("S", "z", "dq", "dk", "dv", "dlog_g")
     rows = []
     for dtype, precision in ((jnp.bfloat16, "default"), (jnp.float32, "highest")):
         qkvg = inputs(0, 1, args.T, H, d, dtype)
         ct = jax.random.normal(jax.random.key(1), qkvg[0].shape, jnp.float32)
-        want = gradients(xla_op, qkvg, ct, precision)
+        with jax.default_matmul_precision(precision):
+            want = state_and_grads(xla_op, qkvg, ct)
         for blocks in grid:
             row = dict(dtype=jnp.dtype(dtype).name, blocks=dataclasses.asdict(blocks))
             try:
-                got = gradients(kernel_op(blocks), qkvg, ct, precision)
-                row["errors"] = {n: rel_err(a, b) for n, a, b in zip(names, got, want)}
+                with jax.default_matmul_precision(precision):
+                    row["errors"] = rel_errs(state_and_grads(kernel_op(blocks), qkvg, ct), want)
             except Exception as error:
                 row["failed"] = f"{type(error).__name__}: {str(error)[:1500]}"
             rows.append(row)
