@@ -92,8 +92,9 @@ SETTING = {"text": ("length", "documents"), "recall": ("lengths", "queries", "ga
 
 
 def merged(earlier: dict, result: dict, kind: str) -> dict:
-    """`earlier` (a JSON this command wrote) with `result`'s models added after its own, a model read again
-    replacing its earlier row; the commands of both kept in order.
+    """`earlier` (a JSON this command wrote) with `result`'s models added after its own, a row read again (the same
+    run folder and RoPE) replacing its earlier one; the commands of both kept in order. Rows are told apart by run
+    and RoPE, not by label: the seeds of one model share a label.
 
     Args:
         earlier: the JSON at --out, as read back.
@@ -112,9 +113,9 @@ def merged(earlier: dict, result: dict, kind: str) -> dict:
             raise ValueError(
                 f"--merge: {key} differs from the JSON at --out ({earlier.get(key)!r}, now {result[key]!r})"
             )
-    label = lambda row: row["label"]
-    fresh = {label(row) for row in result["models"]}
-    models = [row for row in earlier["models"] if label(row) not in fresh] + result["models"]
+    key = lambda row: (row["run"], row["rope"])  # as models.Trained.key
+    fresh = {key(row) for row in result["models"]}
+    models = [row for row in earlier["models"] if key(row) not in fresh] + result["models"]
     commands = earlier["command"] if isinstance(earlier["command"], list) else [earlier["command"]]
     return {**result, "command": [*commands, result["command"]], "models": models}
 

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from experiments.hydra_run import train_once
-from experiments.long_context.__main__ import main
+from experiments.long_context.__main__ import main, merged
 from experiments.long_context.models import AS_TRAINED, Trained, rope_variants
 from experiments.long_context.recall import rows_and_batch
 from retention.nn import LM, LMConfig
@@ -102,6 +102,32 @@ def test_merge_adds_models_as_one_read_would(runs, tmp_path):
     with pytest.raises(ValueError, match="--merge: length differs"):
         main(["text", runs["text_hybrid"], "--length", "128", "--docs", "1", "--rope", "--merge", "--out", str(merged)])
     assert merged.read_text() == before
+
+
+def test_merge_keeps_the_seeds_of_one_model_apart():
+    """Rows of one label from two run folders (a model's seeds) are both kept; the same folder read again with the
+    same RoPE replaces its row, and another RoPE of it is a row of its own."""
+    row = lambda run, rope, acc: {"run": run, "rope": rope, "label": "power (PP)", "acc": acc}
+    setting = {"lengths": [4096], "queries": 512, "gap_fraction": 0.5, "batch_tokens": 65536}
+    earlier = {
+        **setting,
+        "command": "first",
+        "models": [row("seed0", "as trained", 0.9), row("seed1", "as trained", 0.1)],
+    }
+    later = {
+        **setting,
+        "command": "second",
+        "models": [row("seed2", "as trained", 0.5), row("seed1", "as trained", 0.2)],
+    }
+    later["models"].append(row("seed1", "llama3", 0.3))
+    got = merged(earlier, later, "recall")
+    assert [(r["run"], r["rope"], r["acc"]) for r in got["models"]] == [
+        ("seed0", "as trained", 0.9),
+        ("seed2", "as trained", 0.5),
+        ("seed1", "as trained", 0.2),
+        ("seed1", "llama3", 0.3),
+    ]
+    assert got["command"] == ["first", "second"]
 
 
 @pytest.mark.xdist_group("long_context_runs")  # one worker trains the `runs` fixture, once
