@@ -121,7 +121,8 @@ def recall_markdown(result: dict, figure: str) -> str:
         if not rows:
             continue
         L_max = str(max(result["lengths"]))
-        header = ["model", "trained at", *(tokens(L) for L in result["lengths"]), "path", "seconds", "forward", "cache"]
+        header = ["model", "run", "trained at", *(tokens(L) for L in result["lengths"]), "path", "seconds", "forward"]
+        header.append("cache")
         table = []
         for row in rows:
             cells = [
@@ -131,7 +132,8 @@ def recall_markdown(result: dict, figure: str) -> str:
                 for L in result["lengths"]
             ]
             cost = _cost(row["lengths"][L_max]) if L_max in row["lengths"] else [""] * 4
-            table.append([row["label"], tokens(row["trained_length"]), *cells, *cost])
+            run = "/".join(Path(row["run"]).parts[-2:])  # e.g. lr0.01/seed1: tells a model's seeds apart
+            table.append([row["label"], run, tokens(row["trained_length"]), *cells, *cost])
         parts.append(f"## {task} ({metric.replace('_', ' ')})\n\n{md_table(header, table)}\n")
     parts.append(f"![recall]({figure})\n")
     return "\n".join(parts)
