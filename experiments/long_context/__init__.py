@@ -3,6 +3,7 @@ utilisation) and recall (MQAR with long gaps, passkey) at lengths far past train
 
     python -m experiments.long_context text RUN [RUN ...] --length 65536 [--docs N] [--rope llama3]
     python -m experiments.long_context recall RUN [RUN ...] --lengths 4096 16384 65536 [--queries 512]
+    python -m experiments.long_context mission --text TEXT_JSON --recall RECALL_JSON [...]   # one table, one figure
 
 Each run's model reads every sequence as ONE sequence from its start, by one compiled forward (blockwise softmax,
 the fixed-state layers' linear chunked forms) or by a prefill and decode steps carrying the caches (reader.py).

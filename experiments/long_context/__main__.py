@@ -4,6 +4,7 @@ python -m experiments.long_context text outputs/long_text/softmax/<date> outputs
 python -m experiments.long_context text RUN --length 4096 --docs 2 --out /tmp/lc/text.json     # a smoke run
 python -m experiments.long_context recall RUN ... --lengths 4096 16384 65536 --queries 512
 python -m experiments.long_context text MORE_RUNS ... --merge    # add models to the JSON at --out (resumable)
+python -m experiments.long_context mission --text TEXT_JSON --recall RECALL_JSON ...   # the one table and figure
 """
 
 import argparse
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from experiments.compare.runs import write_json
+from experiments.long_context.mission import mission_figure, mission_markdown, mission_rows
 from experiments.long_context.models import ROPE_SCALINGS
 from experiments.long_context.reader import PATHS, SEGMENT
 from experiments.long_context.report import recall_figure, recall_markdown, text_figure, text_markdown
@@ -38,6 +40,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     recall.add_argument("--gap-fraction", type=float, default=0.5, help="MQAR: pairs-to-queries gap, a share of L")
     recall.add_argument("--batch-tokens", type=int, default=LONG, help="tokens a batch (at least one row)")
     recall.add_argument("--out", default="results/long_context/recall.json")
+    mission = kinds.add_parser("mission", help="one table and figure from a text JSON and recall JSONs")
+    mission.add_argument("--text", default="results/long_context/text.json", help="a `text` result")
+    mission.add_argument("--recall", nargs="+", default=["results/long_context/recall.json"], help="`recall` results")
+    mission.add_argument("--out", default="results/long_context/mission.md", help="the page; its figure beside it")
     for sub in (text, recall):
         sub.add_argument("--rope", nargs="*", choices=ROPE_SCALINGS, default=["llama3"], help="RoPE scaling rows")
         sub.add_argument("--path", choices=PATHS, default="auto", help="forward, carry, or auto (forward if it fits)")
@@ -120,8 +126,30 @@ def merged(earlier: dict, result: dict, kind: str) -> dict:
     return {**result, "command": [*commands, result["command"]], "models": models}
 
 
+def write_mission(text_path: str, recall_paths: list[str], out: Path) -> str:
+    """The mission page (mission.py) from the JSONs at the given paths, its figure beside `out`; returns the page.
+
+    Raises:
+        ValueError: a path is not a file (naming the flag and the path).
+    """
+    for flag, path in (("--text", text_path), *(("--recall", p) for p in recall_paths)):
+        if not os.path.isfile(path):
+            raise ValueError(f"{flag} must be a JSON this command wrote, got {path!r} (not a file)")
+    text = json.loads(Path(text_path).read_text())
+    recalls = [json.loads(Path(p).read_text()) for p in recall_paths]
+    lengths = sorted({n for result in recalls for n in result["lengths"]})
+    rows = mission_rows(text, recalls)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page = mission_markdown(rows, lengths, text, recalls, mission_figure(text, rows, lengths, out.with_suffix(".png")))
+    out.write_text(page)
+    return page
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    if args.kind == "mission":
+        print(write_mission(args.text, args.recall, Path(args.out)))
+        return
     options = check_args(args)
     command = shlex.join(["python", "-m", "experiments.long_context", *(sys.argv[1:] if argv is None else argv)])
     evaluate = text_result if args.kind == "text" else recall_result
