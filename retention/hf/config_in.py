@@ -29,7 +29,7 @@ ROPE_KEYS = frozenset(
 )
 
 
-def _require(hf: dict, key: str, where: str):
+def require(hf: dict, key: str, where: str):
     """hf[key], a positive int; ValueError naming the field when it is missing or not one."""
     value = hf.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -37,13 +37,13 @@ def _require(hf: dict, key: str, where: str):
     return value
 
 
-def _refuse_unless(ok: bool, where: str, field: str, value, allowed: str) -> None:
+def refuse_unless(ok: bool, where: str, field: str, value, allowed: str) -> None:
     """ValueError naming the field, its value and what the import can do, unless ok."""
     if not ok:
         raise ValueError(f"{where}: {field}={value!r} is not supported by the import ({allowed})")
 
 
-def _number(value, where: str, field: str) -> float:
+def number(value, where: str, field: str) -> float:
     """`value` (the config field `field`) as a float; ValueError naming `where` and the field when it is no number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: {field}={value!r} must be a number")
@@ -58,25 +58,25 @@ def _rope(hf: dict, where: str) -> dict:
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")
     field = "rope_scaling" if scaling else "rope_parameters"
     params = scaling or parameters or {}
-    _refuse_unless(isinstance(params, dict), where, field, params, "a dict")
-    _refuse_unless("full_attention" not in params, where, field, params, "one RoPE for every layer")
+    refuse_unless(isinstance(params, dict), where, field, params, "a dict")
+    refuse_unless("full_attention" not in params, where, field, params, "one RoPE for every layer")
     for key in params:
         if key == "partial_rotary_factor":
-            _refuse_unless(params[key] == 1, where, f"{field}.{key}", params[key], "RoPE over the whole head: 1")
+            refuse_unless(params[key] == 1, where, f"{field}.{key}", params[key], "RoPE over the whole head: 1")
         else:
-            _refuse_unless(key in ROPE_KEYS, where, f"{field}.{key}", params[key], f"keys {sorted(ROPE_KEYS)}")
+            refuse_unless(key in ROPE_KEYS, where, f"{field}.{key}", params[key], f"keys {sorted(ROPE_KEYS)}")
     key = "type" if "type" in params and "rope_type" not in params else "rope_type"
     kind = params.get(key, "default")
     allowed = "rope_type default, linear or llama3"
-    _refuse_unless(kind in ("default", "linear", "llama3"), where, f"{field}.{key}", kind, allowed)
+    refuse_unless(kind in ("default", "linear", "llama3"), where, f"{field}.{key}", kind, allowed)
     theta_field = f"{field}.rope_theta" if "rope_theta" in params else "rope_theta"
-    theta = _number(params.get("rope_theta", hf.get("rope_theta", 10000.0)), where, theta_field)
+    theta = number(params.get("rope_theta", hf.get("rope_theta", 10000.0)), where, theta_field)
     if scaling and isinstance(parameters, dict) and "rope_theta" in parameters:
-        ignored = _number(parameters["rope_theta"], where, "rope_parameters.rope_theta")
+        ignored = number(parameters["rope_theta"], where, "rope_parameters.rope_theta")
         allowed = f"rope_scaling is read instead, with rope_theta={theta}: put rope_theta in rope_scaling"
-        _refuse_unless(ignored == theta, where, "rope_parameters.rope_theta", parameters["rope_theta"], allowed)
+        refuse_unless(ignored == theta, where, "rope_parameters.rope_theta", parameters["rope_theta"], allowed)
     out = dict(rope_base=theta)
-    factor = lambda name: _number(params.get(name), where, f"{field}.{name}")
+    factor = lambda name: number(params.get(name), where, f"{field}.{name}")
     if kind == "linear":
         out |= dict(rope_scaling="linear", rope_factor=factor("factor"))
     elif kind == "llama3":
@@ -104,38 +104,38 @@ def lm_config_from_hf(hf: dict, where: str = "config.json") -> LMConfig:
             f"{where}: field {unknown[0]}={hf[unknown[0]]!r} is not one the import knows (it might change the "
             f"computation; unknown fields: {unknown[:6]})"
         )
-    _refuse_unless(not hf.get("use_mrope"), where, "use_mrope", hf.get("use_mrope"), "1-D RoPE only: false")
+    refuse_unless(not hf.get("use_mrope"), where, "use_mrope", hf.get("use_mrope"), "1-D RoPE only: false")
     act = hf.get("hidden_act", "silu")
-    _refuse_unless(act in ("silu", "swish"), where, "hidden_act", act, "SwiGLU: silu")
+    refuse_unless(act in ("silu", "swish"), where, "hidden_act", act, "SwiGLU: silu")
     bias = hf.get("attention_bias", False)
-    _refuse_unless(bias is False, where, "attention_bias", bias, "no q/k/v/o biases except Qwen2's q/k/v")
-    _refuse_unless(hf.get("mlp_bias", False) is False, where, "mlp_bias", hf.get("mlp_bias"), "no MLP biases")
+    refuse_unless(bias is False, where, "attention_bias", bias, "no q/k/v/o biases except Qwen2's q/k/v")
+    refuse_unless(hf.get("mlp_bias", False) is False, where, "mlp_bias", hf.get("mlp_bias"), "no MLP biases")
     pattern, window = "A", None
     if arch == "MistralForCausalLM" and hf.get("sliding_window") is not None:
-        pattern, window = "W", _require(hf, "sliding_window", where)
+        pattern, window = "W", require(hf, "sliding_window", where)
     if arch.startswith("Qwen"):
         sliding = hf.get("use_sliding_window", False)
-        _refuse_unless(not sliding, where, "use_sliding_window", sliding, "full attention in every layer: false")
+        refuse_unless(not sliding, where, "use_sliding_window", sliding, "full attention in every layer: false")
     types = hf.get("layer_types")
     if types is not None:
         ok = isinstance(types, list) and all(t == "full_attention" for t in types)
-        _refuse_unless(ok, where, "layer_types", types, "full_attention in every layer")
-    heads = _require(hf, "num_attention_heads", where)
-    d_model = _require(hf, "hidden_size", where)
+        refuse_unless(ok, where, "layer_types", types, "full_attention in every layer")
+    heads = require(hf, "num_attention_heads", where)
+    d_model = require(hf, "hidden_size", where)
     head_dim = hf.get("head_dim") or d_model // heads
     kv_heads = hf.get("num_key_value_heads") or heads
     eps = hf.get("rms_norm_eps", 1e-6)
     tie = hf.get("tie_word_embeddings", False)
-    _refuse_unless(isinstance(tie, bool), where, "tie_word_embeddings", tie, "true or false")
+    refuse_unless(isinstance(tie, bool), where, "tie_word_embeddings", tie, "true or false")
     options = dict(
-        vocab_size=_require(hf, "vocab_size", where),
+        vocab_size=require(hf, "vocab_size", where),
         d_model=d_model,
-        n_layers=_require(hf, "num_hidden_layers", where),
+        n_layers=require(hf, "num_hidden_layers", where),
         pattern=pattern,
         n_heads=heads,
         n_kv_heads=kv_heads,
         head_dim=head_dim,
-        mlp_width=_require(hf, "intermediate_size", where),
+        mlp_width=require(hf, "intermediate_size", where),
         norm_eps=eps,
         tie_embeddings=tie,
         qk_norm=arch == "Qwen3ForCausalLM",

@@ -38,7 +38,7 @@ def hf_architecture(lm: LMConfig) -> str | None:
     """The transformers architecture that runs `lm` unchanged, None when none does."""
     kinds = set(lm.layer_kinds)
     lm = _one_kind(lm)
-    if lm.conv_size or lm.rope_base is None or kinds not in ({"A"}, {"W"}):
+    if lm.conv_size or lm.rope_base is None or not lm.mlp_hidden or kinds not in ({"A"}, {"W"}):
         return None
     if kinds == {"W"}:
         return None if lm.qk_norm or lm.qkv_bias else "MistralForCausalLM"

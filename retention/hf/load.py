@@ -1,5 +1,6 @@
 """Import: `load_hf(folder)` turns a Hugging Face checkpoint folder of the Llama family into an LM of softmax
-attention layers (A; W for Mistral's sliding window) and its tokenizer.
+attention layers (A; W for Mistral's sliding window), or one of transformers' Mamba2 into an LM of Mamba2 layers
+(M, no MLPs: mamba2_in.py), and its tokenizer.
 
     model, tokenizer = retention.hf.load_hf("Qwen3-0.6B")
     logits = model(jnp.asarray(tokenizer.encode("def f(x):"))[None])
@@ -17,8 +18,11 @@ import numpy as np
 from flax import nnx
 
 from retention.data.tokenizer import HFTokenizer
-from retention.hf.config_in import lm_config_from_hf
+from retention.hf.config_in import ARCHITECTURES, lm_config_from_hf
 from retention.hf.files import CONFIG, read_json, read_tokenizer, read_weights
+from retention.hf.mamba2_in import ARCHITECTURE as MAMBA2
+from retention.hf.mamba2_in import EMBEDDING, mamba2_config_from_hf, pure_from_mamba2, renamed_embedding
+from retention.hf.names import EMBEDDING as LLAMA_EMBEDDING
 from retention.hf.names import own_head, pure_from_llama
 from retention.nn import LM, LMConfig
 
@@ -43,7 +47,8 @@ def build_lm(lm: LMConfig, pure: dict, where: str) -> LM:
 
 def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
     """Import a Hugging Face checkpoint of the Llama family (Llama, Mistral, Qwen2, Qwen3) as an LM of softmax
-    attention layers; see config_in.py for what is mapped and what is refused.
+    attention layers, or a Mamba2ForCausalLM as an LM of M layers without MLPs; see config_in.py and mamba2_in.py
+    for what is mapped and what is refused.
 
     ```python
     model, tokenizer = load_hf("Qwen3-0.6B")  # a local folder; float32 parameters
@@ -57,24 +62,37 @@ def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
         The LM (float32 parameters) and its tokenizer.
 
     Raises:
-        ValueError: a config field the import cannot honour (naming the field and its value), a missing or unreadable
-            file, or tensors that are not the config's model's.
+        ValueError: an architecture other than those, a config field the import cannot honour (naming the field and
+            its value; before any weight is read), a missing or unreadable file, or tensors that are not the config's
+            model's.
     """
     if not isinstance(folder, (str, os.PathLike)) or not os.path.isdir(folder):
         raise ValueError(f"folder must be a Hugging Face checkpoint folder, got {folder!r} (not a folder)")
     folder = os.fspath(folder)
     config_path = os.path.join(folder, CONFIG)
     config = read_json(config_path)
-    lm = lm_config_from_hf(config, config_path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
+    archs = config.get("architectures")
+    if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES + (MAMBA2,)):
+        raise ValueError(f"{config_path}: architectures must be one of {[*ARCHITECTURES, MAMBA2]}, got {archs!r}")
+    mamba2 = archs == [MAMBA2]
+    lm = (mamba2_config_from_hf if mamba2 else lm_config_from_hf)(config, config_path)
     tokenizer = read_tokenizer(folder, config)
     tensors = read_weights(folder)
-    if lm.tie_embeddings and own_head(tensors):
+    if mamba2:
+        tensors = renamed_embedding(tensors)
+    embedding = EMBEDDING if mamba2 else LLAMA_EMBEDDING
+    if lm.tie_embeddings and own_head(tensors, embedding):
         log.warning(
-            "%s: tie_word_embeddings is true but the weights in %s hold an lm_head.weight other than "
-            "model.embed_tokens.weight: that head is kept, untied, as transformers does (set tie_word_embeddings to "
-            "false to say so)",
-            *(config_path, folder),
+            "%s: tie_word_embeddings is true but the weights in %s hold an lm_head.weight other than %s: that head "
+            "is kept, untied, as transformers does (set tie_word_embeddings to false to say so)",
+            *(config_path, folder, embedding),
         )
         lm = dataclasses.replace(lm, tie_embeddings=False)
-    pure = pure_from_llama(lm, tensors, f"the weights in {folder}")
+    where = f"the weights in {folder}"
+    if mamba2:
+        pure = pure_from_mamba2(lm, tensors, where, conv_bias=config.get("use_conv_bias", True))
+    else:
+        pure = pure_from_llama(lm, tensors, where)
     return build_lm(lm, pure, folder), tokenizer

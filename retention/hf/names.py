@@ -11,6 +11,7 @@ import numpy as np
 
 from retention.nn import LMConfig
 
+EMBEDDING = "model.embed_tokens.weight"
 IGNORED = ("rotary_emb.inv_freq",)  # a buffer older checkpoints saved: RoPE's frequencies, recomputed here
 
 
@@ -41,10 +42,10 @@ def llama_table(lm: LMConfig) -> list[tuple[tuple, str, bool]]:
     return table
 
 
-def own_head(tensors: dict[str, np.ndarray]) -> bool:
-    """Whether `tensors` hold an lm_head.weight other than the embedding (transformers then keeps it, untied, even
-    when the config ties the embeddings)."""
-    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+def own_head(tensors: dict[str, np.ndarray], embedding: str = EMBEDDING) -> bool:
+    """Whether `tensors` hold an lm_head.weight other than the embedding (the tensor named `embedding`; transformers
+    then keeps the head, untied, even when the config ties the embeddings)."""
+    head, embedding = tensors.get("lm_head.weight"), tensors.get(embedding)
     return head is not None and not (embedding is not None and np.array_equal(head, embedding))
 
 

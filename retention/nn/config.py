@@ -96,7 +96,8 @@ class LMConfig:
         n_kv_heads: key/value heads, dividing n_heads.
         head_dim: d.
         mlp_ratio: the SwiGLU hidden width over d_model, when mlp_width is None.
-        mlp_width: the SwiGLU hidden width; None: mlp_ratio * d_model rounded to a multiple of 8.
+        mlp_width: the SwiGLU hidden width; None: mlp_ratio * d_model rounded to a multiple of 8; 0: no MLP (a
+            block is x + mixer(norm(x)) alone, as in Mamba2).
         deg: P layers: the even degree p.
         window: W layers: the sliding window's tokens.
         rope_base: RoPE's base; None: no RoPE (`layers` sets it per letter: P has none by default).
@@ -177,7 +178,7 @@ class LMConfig:
         check_conv_size("conv_size", self.conv_size)
         check_number("mlp_ratio", self.mlp_ratio, low=0, open_low=True)
         if self.mlp_width is not None:
-            check_int("mlp_width", self.mlp_width)
+            check_int("mlp_width", self.mlp_width, low=0)
         check_rope_base(self.rope_base, self.head_dim)
         rope = ("rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_len")
         check_rope_scaling(*(getattr(self, name) for name in rope), names=rope)
@@ -249,7 +250,7 @@ class LMConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """The SwiGLU hidden width: mlp_width, or (None) mlp_ratio * d_model rounded to a multiple of 8."""
+        """The SwiGLU hidden width: mlp_width (0: no MLP), or (None) mlp_ratio * d_model rounded to a multiple of 8."""
         if self.mlp_width is not None:
             return self.mlp_width
         return 8 * max(1, round(self.mlp_ratio * self.d_model / 8))

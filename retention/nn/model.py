@@ -1,4 +1,5 @@
-"""The language model: token embedding, pre-norm blocks (RMSNorm, mixer, RMSNorm, SwiGLU MLP), final norm, head.
+"""The language model: token embedding, pre-norm blocks (RMSNorm, mixer, RMSNorm, SwiGLU MLP; mlp_width 0: no MLP),
+final norm, head.
 
 `config.pattern` is a string over the mixer registry's letters (registry.py: P power retention, A full attention,
 W sliding-window attention); layer i gets pattern[i % len(pattern)], with n_layers >= len(pattern) so that every
@@ -53,7 +54,7 @@ class LMCache(NamedTuple):
 
 
 class Block(nnx.Module):
-    """x + mixer(norm(x)), then x + mlp(norm(x))."""
+    """x + mixer(norm(x)), then x + mlp(norm(x)) (no MLP, and no second norm, when config.mlp_hidden is 0)."""
 
     def __init__(self, config: LMConfig, kind: str, *, rngs: nnx.Rngs):
         dtype, param_dtype = jnp.dtype(config.dtype), jnp.dtype(config.param_dtype)
@@ -67,8 +68,12 @@ class Block(nnx.Module):
         )
         self.mixer_norm = norm()
         self.mixer = MIXERS[kind].build(config.for_kind(kind), rngs=rngs)
-        self.mlp_norm = norm()
-        self.mlp = SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp_norm = norm() if config.mlp_hidden else None
+        self.mlp = (
+            SwiGLU(config.d_model, config.mlp_hidden, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+            if config.mlp_hidden
+            else None
+        )
 
     def __call__(self, x_BTD, *, positions, segment_ids=None, cache=None, prefill: bool = False, trail: bool = False):
         """Returns (x [B, T, D], the mixer's new cache): its full forward, prefill or decode step (with `trail`, a
@@ -79,7 +84,9 @@ class Block(nnx.Module):
         with jax.named_scope(type(self.mixer).__name__):
             h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache, **options)
         x_BTD = x_BTD + h
-        return constrain(x_BTD + self.mlp(self.mlp_norm(x_BTD)), BTD), cache
+        if self.mlp is not None:
+            x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+        return constrain(x_BTD, BTD), cache
 
 
 class LM(nnx.Module):

@@ -46,7 +46,7 @@ def count_params(config: LMConfig) -> int:
     """
     D = config.d_model
     total = config.vocab_size * D * (1 if config.tie_embeddings else 2)
-    total += (2 * config.n_layers + 1) * D  # block norms and the final norm
+    total += ((2 if config.mlp_hidden else 1) * config.n_layers + 1) * D  # block norms (one without MLP), final norm
     total += config.n_layers * _mlp_params(config)
     return total + sum(MIXERS[kind].params(config.for_kind(kind)) for kind in config.layer_kinds)
 

@@ -1,7 +1,8 @@
-"""Tiny random Llama-family checkpoints built with transformers (float32, saved with save_pretrained) and a tiny
-tokenizer.json, for the import and export tests; transformers' logits of a checkpoint; random texts, and the check that
-transformers' tokenizer of an export encodes them as the run's."""
+"""Tiny random Llama-family and Mamba2 checkpoints built with transformers (float32, saved with save_pretrained) and
+a tiny tokenizer.json, for the import and export tests; transformers' logits of a checkpoint; random texts, and the
+check that transformers' tokenizer of an export encodes them as the run's."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -20,6 +21,21 @@ SIZES = dict(
     head_dim=16,  # not hidden_size / heads (12): head_dim is read, never derived
     rms_norm_eps=1e-5,
     initializer_range=0.1,  # logits of order 1 and peaked attention, so a misplaced weight or position shows
+    eos_token_id=1,
+)
+
+MAMBA2_SIZES = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_heads=8,
+    head_dim=8,  # 8 * 8 = expand 2 * hidden_size 32
+    expand=2,
+    state_size=6,
+    n_groups=1,
+    conv_kernel=4,
+    num_hidden_layers=2,
+    initializer_range=0.1,
+    chunk_size=8,  # transformers' chunked scan crosses chunks in the tests' 19 tokens
     eos_token_id=1,
 )
 
@@ -48,6 +64,42 @@ def save_tiny(folder, architecture: str, **overrides):
     model.save_pretrained(folder)
     tiny_tokenizer(folder / "tokenizer.json")
     return model
+
+
+def save_tiny_mamba2(folder, **overrides):
+    """A tiny random Mamba2ForCausalLM (MAMBA2_SIZES with `overrides`) saved to `folder` with tiny_tokenizer;
+    returns the transformers model (float32, eval mode). The norms' weights, the conv bias, D and dt_bias are random
+    too (transformers starts them at 1, 0, 1 and a narrow range), so a misplaced one shows."""
+    config = transformers.Mamba2Config(**(MAMBA2_SIZES | overrides))
+    torch.manual_seed(0)
+    model = transformers.Mamba2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+                p.copy_(1 + 0.5 * torch.randn_like(p))
+            elif name.endswith(("conv1d.bias", "mixer.D", "dt_bias", "A_log")):
+                p.copy_(0.5 * torch.randn_like(p) + (-1.0 if name.endswith("dt_bias") else 0.0))
+    model.save_pretrained(folder)
+    tiny_tokenizer(folder / "tokenizer.json")
+    return model
+
+
+def assert_float32_close(got, want):
+    """Equal to float32 rounding: 1e-5 relative, 1e-5 of the largest logit absolute."""
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def assert_gives_transformers_logits(model, reference, tokens: np.ndarray, t0: int, step: int) -> None:
+    """`model` (an LM) gives the transformers model `reference`'s logits of tokens [B, T] to float32 rounding, in one
+    forward and in a prefill of t0 tokens then decode steps of `step` tokens."""
+    want = torch_logits(reference, tokens)
+    assert_float32_close(np.asarray(model(jnp.asarray(tokens, jnp.int32))), want)
+    logits, caches = model.prefill(jnp.asarray(tokens[:, :t0], jnp.int32), tokens.shape[1], step_tokens=step)
+    steps = [np.asarray(logits)]
+    for t in range(t0, tokens.shape[1], step):
+        logits, caches = model.decode_step(jnp.asarray(tokens[:, t : t + step], jnp.int32), caches)
+        steps.append(np.asarray(logits))
+    assert_float32_close(np.concatenate(steps, axis=1), want)
 
 
 def torch_logits(model, tokens: np.ndarray) -> np.ndarray:

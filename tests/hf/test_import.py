@@ -16,7 +16,15 @@ from flax import nnx
 
 from retention.hf import load_hf
 from retention.nn import count_params
-from tests.hf.common import VOCAB, save_tiny, torch, torch_logits, transformers
+from tests.hf.common import (
+    VOCAB,
+    assert_float32_close,
+    assert_gives_transformers_logits,
+    save_tiny,
+    torch,
+    torch_logits,
+    transformers,
+)
 from tests.train.common import ROOT
 
 pytestmark = pytest.mark.integration  # checked against transformers: make test-integration
@@ -41,11 +49,6 @@ CASES = {
 T, T0, STEP = 20, 12, 4  # a prompt of T0 tokens, then decode steps of STEP tokens up to T
 
 
-def assert_float32_close(got, want):
-    """Equal to float32 rounding: 1e-5 relative, 1e-5 of the largest logit absolute."""
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
 @pytest.mark.parametrize(  # plain llama is a further case: llama3_tied has its layout, tied and llama3-scaled
     "case", [pytest.param(c, marks=[pytest.mark.slow] * (c == "llama")) for c in sorted(CASES)]
 )
@@ -56,14 +59,7 @@ def test_imported_model_gives_transformers_logits(case, tmp_path):
     assert set(model.config.layer_kinds) == ({"W"} if "sliding_window" in overrides else {"A"})
     assert model.param_count() == count_params(model.config) == sum(p.numel() for p in reference.parameters())
     tokens = np.random.default_rng(0).integers(0, VOCAB, (2, T))
-    want = torch_logits(reference, tokens)
-    assert_float32_close(np.asarray(model(jnp.asarray(tokens, jnp.int32))), want)
-    logits, caches = model.prefill(jnp.asarray(tokens[:, :T0], jnp.int32), T, step_tokens=STEP)
-    steps = [np.asarray(logits)]
-    for t in range(T0, T, STEP):
-        logits, caches = model.decode_step(jnp.asarray(tokens[:, t : t + STEP], jnp.int32), caches)
-        steps.append(np.asarray(logits))
-    assert_float32_close(np.concatenate(steps, axis=1), want)
+    assert_gives_transformers_logits(model, reference, tokens, T0, STEP)
     assert tokenizer.eod == 1 and tokenizer.decode(tokenizer.encode("w5 w7")).split() == ["w5", "w7"]
 
 

@@ -129,7 +129,7 @@ def test_decode_compiles_once():
         ("retention_impl", "cuda"),
         ("retention_impl", "cudnn"),  # an attention path
         ("attention_impl", "pallas"),  # a retention path
-        ("mlp_width", 0),
+        ("mlp_width", -1),  # 0: no MLP (test_blocks_without_mlp_are_blocks_whose_mlp_gives_zero)
         ("norm_eps", 0.0),
         ("qkv_bias", 1),
         ("rope_scaling", "yarn"),
@@ -184,6 +184,29 @@ def test_param_count_and_size_config():
     for pattern in ("A", "P", "PPPA"):
         sized = size_config(dataclasses.replace(base, pattern=pattern), target)
         assert abs(count_params(sized) - target) / target < 0.02, (pattern, sized.d_model)
+
+
+def test_blocks_without_mlp_are_blocks_whose_mlp_gives_zero():
+    """mlp_width 0 (Mamba2's blocks): x + mixer(norm(x)) alone, no MLP and no second norm; the logits are those of
+    the same parameters in blocks whose MLP's down projection is zero, the parameter count is the config's, and the
+    scanned form gives the same logits."""
+    config = dataclasses.replace(TINY, pattern="MA", mlp_width=0, ssm_state_size=4, conv_size=3, tie_embeddings=False)
+    bare = LM(config, rngs=nnx.Rngs(0))
+    assert all(block.mlp is None and block.mlp_norm is None for block in bare.blocks)
+    full = LM(dataclasses.replace(config, mlp_width=16), rngs=nnx.Rngs(1))
+    assert bare.param_count() == count_params(config) == count_params(full.config) - 2 * (3 * 32 * 16 + 32)
+    pure, kept = nnx.to_pure_dict(nnx.state(full)), nnx.to_pure_dict(nnx.state(bare))
+    for name in ("embed", "final_norm", "head"):
+        pure[name] = kept[name]
+    for i, block in kept["blocks"].items():
+        pure["blocks"][i] |= block
+        pure["blocks"][i]["mlp"]["down"]["kernel"] = jnp.zeros_like(pure["blocks"][i]["mlp"]["down"]["kernel"])
+    state = nnx.state(full)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(full, state)
+    toks = tokens(3, 2, 9, config.vocab_size)
+    assert jnp.array_equal(bare(toks), full(toks))
+    assert rel_err(model_module.convert_layers(bare, True)(toks), bare(toks)) < 1e-6
 
 
 def test_flops_per_token():
