@@ -1,6 +1,7 @@
 """Serving on top of the LM: prefix snapshots (snapshot_value.py the value, snapshot.py: a prefilled cache to
 continue, fork, resize, save and load), a slot engine (engine.py: queued requests joining and leaving one compiled
-decode step), greedy speculative decoding with rollback (speculative.py), recurrent states quantized at rest
+decode step) with an automatic prefix cache (prefix_cache.py the trie, budget and eviction; prefix_prefill.py the
+snapshots it keeps), greedy speculative decoding with rollback (speculative.py), recurrent states quantized at rest
 (quantized_state.py), and what these and `retention.generate` share: prompts (prompts.py), the sampler and its
 settings (sampling.py) and the caches' limits read from the mixer registry (cache_limits.py). `generate` builds on
 this package, which imports neither it nor the trainer. The names load on first use (PEP 562), as in the package
@@ -10,6 +11,7 @@ import importlib
 
 _HOMES = {
     "retention.serve.engine": ("Engine",),
+    "retention.serve.prefix_cache": ("PrefixCache", "PrefixCacheStats"),
     "retention.serve.quantized_state": (
         "QuantizedArray",
         "dequantize_states",

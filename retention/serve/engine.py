@@ -7,6 +7,8 @@ The slot batch is a stack of one-row LMCaches (a leading slot axis over each cac
 LM's decode step vmapped over it: each slot keeps its own token count and KV-cache fill, so requests of any
 lengths share the step, and each request's tokens are those of its run alone. A joining request's cache is
 written into its slot by one compiled insert (a snapshot made for another max_len or step_tokens resized first).
+With `prefix_cache_bytes` > 0 a joining prompt continues from the longest prefix of whole blocks the engine has
+prefilled before (prefix_cache.py: a trie of blocks, LRU under the byte budget; prefix_prefill.py: the snapshots).
 """
 
 import collections
@@ -20,6 +22,8 @@ from flax import nnx
 
 from retention.nn import LM
 from retention.serve.cache_limits import check_room
+from retention.serve.prefix_cache import PrefixCache, PrefixCacheStats
+from retention.serve.prefix_prefill import prefill_cached
 from retention.serve.prompts import check_prompt, check_prompt_ids
 from retention.serve.quantized_state import STATE_FORMATS, round_trip_states
 from retention.serve.sampling import check_sampling, sample
@@ -77,6 +81,12 @@ class Engine:
             snapshot made for another max_len or step_tokens is resized to the engine's when it joins.
         state_format (int | str | None): 8, 4 or "fp8": every decode step reads the recurrent states re-quantized
             per row, as `generate(..., state_format=...)` does; None: float32.
+        prefix_cache_bytes: the automatic prefix cache's byte budget; 0 (the default) turns it off. When on, every
+            prompt that joins continues from the longest prefix of whole `prefix_block`s that an earlier prompt of
+            this engine ran through (its snapshot: each layer's state, or an A or W layer's keys and values), the
+            rest prefilled block by block and each new block boundary's snapshot kept; least recently used entries
+            are evicted to stay within the budget (`cache_stats`). A request that starts from a Snapshot bypasses it.
+        prefix_block: the tokens of a cached block: prefixes of k * prefix_block tokens are kept.
 
     Attributes:
         finished: {request id: its generated tokens} for the requests that left.
@@ -84,9 +94,20 @@ class Engine:
 
     Raises:
         TypeError: `model` is not an LM.
+        ValueError: naming the argument, its value and what is allowed (before any work).
     """
 
-    def __init__(self, model: LM, *, slots: int, max_len: int, step_tokens: int = 1, state_format=None):
+    def __init__(
+        self,
+        model: LM,
+        *,
+        slots: int,
+        max_len: int,
+        step_tokens: int = 1,
+        state_format=None,
+        prefix_cache_bytes: int = 0,
+        prefix_block: int = 64,
+    ):
         if not isinstance(model, LM):
             raise TypeError(f"model must be an LM, got {type(model).__name__}")
         check_int("slots", slots)
@@ -94,6 +115,7 @@ class Engine:
         check_int("step_tokens", step_tokens)
         if state_format is not None:
             check_choice("state_format", state_format, STATE_FORMATS)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, prefix_block)  # checks both; owned by this engine
         self.state_format = state_format
         self.model, self.slots, self.max_len, self.step_tokens = model, slots, max_len, step_tokens
         one = model.init_caches(1, max_len, step_tokens=step_tokens)
@@ -107,6 +129,14 @@ class Engine:
         self.finished: dict[int, list[int]] = {}
         self._queue: collections.deque[_Waiting] = collections.deque()
         self._next_id = 0
+
+    def cache_stats(self) -> PrefixCacheStats:
+        """The prefix cache's counts (hits, misses, tokens reused, evictions) and what it holds (entries, bytes).
+
+        Returns:
+            The PrefixCacheStats.
+        """
+        return self.prefix_cache.stats()
 
     @property
     def waiting(self) -> list[int]:
@@ -188,6 +218,10 @@ class Engine:
             slot = self.requests.index(None)
             if isinstance(waiting.start, Snapshot):
                 snapshot = resize(self.model, waiting.start, max_len=self.max_len, step_tokens=self.step_tokens)
+            elif self.prefix_cache.enabled:
+                snapshot = prefill_cached(
+                    self.model, self.prefix_cache, waiting.start, max_len=self.max_len, step_tokens=self.step_tokens
+                )
             else:
                 snapshot = prefill(self.model, waiting.start, max_len=self.max_len, step_tokens=self.step_tokens)
             self.caches, self.logits_S1V = _insert(self.caches, self.logits_S1V, snapshot.caches, snapshot.logits, slot)

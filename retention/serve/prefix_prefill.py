@@ -1,0 +1,56 @@
+"""A prompt prefilled through a PrefixCache (prefix_cache.py): continued from its longest cached prefix, the rest
+fed block by block, the Snapshot at each new block boundary kept.
+
+An entry is the Snapshot after exactly k * block tokens (every layer's cache: a P, D, G or M layer's fixed-size
+state, an A layer's keys and values, a W layer's ring buffer, the convolutions' inputs; the last token's logits),
+resized to max_len = k * block (`resize`) when a layer's cache grows with the length, so an A layer's entry holds
+that prefix's keys and values and no empty slots (resized back to the engine's max_len when a request continues from
+it); kept as it is when every cache is the same at every length (no program compiled per k). Its bytes are
+`snapshot_bytes`'. The cache is claimed for the model's config and weights digest first, so a state made by
+another model (or the same model before its weights changed) is never continued.
+"""
+
+import numpy as np
+
+from retention.nn import LM
+from retention.serve.cache_limits import growing_layers
+from retention.serve.prefix_cache import PrefixCache
+from retention.serve.snapshot import extend_checked, prefill, resize, snapshot_bytes, weights_digest
+from retention.serve.snapshot_value import Snapshot
+
+
+def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, step_tokens: int) -> Snapshot:
+    """The snapshot after a one-row prompt, continued from its longest prefix in `cache` (the rest prefilled), each
+    new block boundary's snapshot stored in `cache` (evicting as its budget needs).
+
+    Greedy continuations equal those of `prefill(model, prompt_1T, ...)` as a snapshot's continuation equals the
+    full prompt's: the same function, its float32 rounding in another order (tests/serve/test_prefix_cache.py).
+
+    Args:
+        model: the LM.
+        cache: an enabled PrefixCache (budget_bytes > 0), used by this model only.
+        prompt_1T (Array): the prompt, int32 [1, T], checked (ids in the vocabulary, T <= max_len).
+        max_len: the returned snapshot's caches hold up to this many tokens.
+        step_tokens: and are decoded in steps of up to this many tokens (the entries' step_tokens too).
+
+    Returns:
+        The one-row snapshot after the prompt, for max_len and step_tokens.
+    """
+    cache.claim((model.config, weights_digest(model)))
+    tokens = np.asarray(prompt_1T[0]).tolist()
+    T, block, growing = len(tokens), cache.block, growing_layers(model.config)
+    done, snapshot = cache.longest(tokens)
+    if snapshot is not None:
+        snapshot = resize(model, snapshot, max_len=max_len, step_tokens=step_tokens)
+    boundaries = range(done + block, T // block * block + 1, block)
+    for end in [*boundaries, *([T] if T % block else [])]:
+        piece = prompt_1T[:, done:end]
+        if snapshot is None:
+            snapshot = prefill(model, piece, max_len=max_len, step_tokens=step_tokens)
+        else:
+            snapshot = extend_checked(model, snapshot, piece)
+        if end % block == 0:
+            entry = resize(model, snapshot, max_len=end, step_tokens=step_tokens) if growing else snapshot
+            cache.put(tokens[:end], entry, snapshot_bytes(entry))
+        done = end
+    return snapshot
