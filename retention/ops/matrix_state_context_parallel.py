@@ -46,9 +46,17 @@ from retention.ops.segments import document_starts
 TRANSITIONS = ("decay", "matrix")
 
 
-def apply_matrix(M: Float[Array, "B H dk dk"], S: Float[Array, "B H dk dv"]) -> Float[Array, "B H dk dv"]:
-    """M S per row and head."""
-    return jnp.einsum("bhij,bhje->bhie", M, S)
+def apply_matrix(M_BHkk: Float[Array, "B H dk dk"], S_BHkv: Float[Array, "B H dk dv"]) -> Float[Array, "B H dk dv"]:
+    """A transition applied to a state, per row and head.
+
+    Args:
+        M_BHkk: the transition [B, H, d_k, d_k].
+        S_BHkv: the state [B, H, d_k, d_v].
+
+    Returns:
+        M S [B, H, d_k, d_v].
+    """
+    return jnp.einsum("bhij,bhje->bhie", M_BHkk, S_BHkv)
 
 
 def combine_transitions(earlier: tuple, later: tuple) -> tuple:

@@ -130,3 +130,19 @@ def test_errors_name_the_argument():
         gated_linear_attention_context_parallel(q, k, v, None, mesh=mesh)
     with pytest.raises(ValueError, match=r"beta must be in \[0, 1\]"):
         gated_delta_rule_context_parallel(q, k, v, np.full(k.shape[:3], 2.0, np.float32), mesh=mesh)
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
+def test_a_nan_key_poisons_only_what_sees_it(op):
+    """A NaN key at token 20 (on the third of 8 devices of 8 tokens), packed with a second document from token 44
+    (inside the sixth device): rows before 20 are exactly those without the NaN, the first document's rows from 20
+    on are NaN in the query heads reading that kv-head, and the second document, on later devices, is untouched."""
+    case = Case(64, 4, 2, 8, 8, "weak", 16, docs=((44, 20), (44, 20)))
+    tokens, _ = cases.inputs(op, case)
+    mesh = make_mesh(1, 1, 8)
+    ids = case_segment_ids(case)
+    run = lambda k: CONTEXT_PARALLEL[op.name](tokens[0], k, *tokens[2:], segment_ids=ids, chunk_size=16, mesh=mesh)
+    clean, got = (np.asarray(jax.jit(run)(k)) for k in (tokens[1], tokens[1].at[:, 20, 0].set(np.nan)))
+    assert np.array_equal(got[:, :20], clean[:, :20])
+    assert np.isnan(got[:, 20:44, :2]).all() and np.isfinite(got[:, 20:44, 2:]).all()
+    assert rel_err(got[:, 44:], clean[:, 44:]) < 1e-6
