@@ -7,6 +7,9 @@ sequences of T tokens on a "sequence" axis of n devices:
   rounds; in each round a device receives at most one state and its log-decay, B*H*(D*(d+1) + 1) float32 numbers
   (D = C(d+p-1, p)).
   Independent of T.
+- the matrix-state ops (linear attention, GLA, the gated delta rule): the same scan of (transition, state), the
+  state B*H*d*d float32 numbers and the transition B*H (a log-decay), B*H*d (one per key channel) or B*H*d*d (the
+  delta rule's matrix) float32 numbers, `matrix_state_bytes`. Independent of T.
 - softmax attention: an all-gather of K and V over the axis: each device receives (n-1)/n * B*T*H*d*2 numbers
   (bf16 by default). Grows with T.
 The backward moves the same again (the transpose of a collective-permute is a collective-permute back; of an
@@ -33,7 +36,13 @@ import jax.numpy as jnp
 
 from experiments.formatting import human_bytes, tokens
 from retention import sympow_dim
-from retention.ops import power_retention_context_parallel, softmax_attention_context_parallel
+from retention.ops import (
+    gated_delta_rule_context_parallel,
+    gated_linear_attention_context_parallel,
+    linear_attention_context_parallel,
+    power_retention_context_parallel,
+    softmax_attention_context_parallel,
+)
 from retention.parallel import make_mesh
 
 CONTEXTS = tuple(65536 * 2**i for i in range(5))  # 64k .. 1M tokens
@@ -55,6 +64,20 @@ def retention_bytes(n: int, B: int, H: int, d: int, deg: int) -> dict:
     senders = [n - 1] + [n - s for s in (2**i for i in range(rounds - 1))]  # the shift by one, then 1, 2, 4, ...
     total = sum(senders) * (state + decay) - (senders[-1] * decay if rounds else 0)
     return {"per_device": rounds * state + max(rounds - 1, 0) * decay, "total": total, "state_bytes": state}
+
+
+MATRIX_STATE_OPS = ("linear_attention", "gated_linear_attention", "gated_delta_rule")
+
+
+def matrix_state_bytes(n: int, B: int, H: int, d: int) -> dict:
+    """Forward bytes per device of the matrix-state ops' scans (d_k = d_v = d): each round moves a float32 state
+    [B, H, d, d], its transition (float32: a log-decay [B, H], per key channel [B, H, d], or the delta rule's
+    matrix [B, H, d, d]) and its reset flag (a bool per row and head), but the last round only the state (the
+    transition and flag are needed only with an initial state, so they are dropped)."""
+    state, rounds = 4 * B * H * d * d, scan_rounds(n)
+    transitions = {"linear_attention": 4 * B * H, "gated_linear_attention": 4 * B * H * d}
+    transitions["gated_delta_rule"] = 4 * B * H * d * d
+    return {op: rounds * state + max(rounds - 1, 0) * (t + B * H) for op, t in transitions.items()}
 
 
 def gathered_kv_bytes(n: int, T: int, B: int, H: int, d: int, kv_bytes: int) -> dict:
@@ -86,7 +109,16 @@ def hlo_bytes(n: int, T: int, B: int, H: int, d: int, deg: int, kv_dtype: str) -
     retention = partial(power_retention_context_parallel, deg=deg, mesh=mesh)
     ret = collective_bytes(retention, q, q, q, g, op="collective_permute")
     soft = collective_bytes(partial(softmax_attention_context_parallel, mesh=mesh), q, q, q, op="all_gather")
-    return {"T": T, "retention_per_device": ret, "gathered_kv_per_device": soft * (n - 1) // n}
+    f32 = jax.ShapeDtypeStruct((B, T, H, d), jnp.float32)
+    matrix = {
+        "linear_attention": (linear_attention_context_parallel, (f32, f32, f32, g)),
+        "gated_linear_attention": (gated_linear_attention_context_parallel, (f32, f32, f32, f32)),
+        "gated_delta_rule": (gated_delta_rule_context_parallel, (f32, f32, f32, g, g)),
+    }
+    matrix = {
+        op: collective_bytes(partial(fn, mesh=mesh), *a, op="collective_permute") for op, (fn, a) in matrix.items()
+    }
+    return {"T": T, "retention_per_device": ret, "gathered_kv_per_device": soft * (n - 1) // n, "matrix_state": matrix}
 
 
 def main():
@@ -152,7 +184,12 @@ def main():
         "scan_rounds": scan_rounds(n),
         "state_bytes": ret["state_bytes"],
         "rows": rows,
+        "matrix_state_fwd_per_device": matrix_state_bytes(n, B, H, d),
     }
+    print(
+        "Matrix-state ops (d_k = d_v = d), forward bytes per device per layer (a training step: twice): "
+        + ", ".join(f"{op} {human_bytes(b)}" for op, b in out["matrix_state_fwd_per_device"].items())
+    )
     if args.hlo:
         measured = hlo_bytes(n, args.contexts[0], B, H, d, deg, args.kv_dtype)
         T = measured["T"]
@@ -161,6 +198,10 @@ def main():
             f"HLO check at T={tokens(T)}, forward, per device: retention "
             f"{human_bytes(measured['retention_per_device'])} (formula {human_bytes(ret['per_device'])}), gathered "
             f"K/V {human_bytes(measured['gathered_kv_per_device'])} (formula {human_bytes(formula_kv)})"
+        )
+        print(
+            "HLO check, matrix-state ops, forward, per device: "
+            + ", ".join(f"{op} {human_bytes(b)}" for op, b in measured["matrix_state"].items())
         )
         out["hlo_forward"] = measured
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,6 @@ from retention.nn.matrix_state import (
     MatrixStateCache,
     MatrixStateMixer,
     matrix_cache_bytes,
-    refuse_context_parallel,
     run_mixing,
 )
 from retention.nn.mixer_kind import MixerKind
@@ -34,7 +33,12 @@ from retention.nn.qkv import (
     qkv_part_params,
     qkvo_weights,
 )
-from retention.ops import check_chunk_size, gated_delta_rule, gated_delta_rule_step
+from retention.ops import (
+    check_chunk_size,
+    gated_delta_rule,
+    gated_delta_rule_context_parallel,
+    gated_delta_rule_step,
+)
 from retention.ops.chunking import default_chunk_size
 from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
 from retention.parallel.rules import logical_param
@@ -126,7 +130,6 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
             cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
                 (`matrix_state.run_mixing`).
         """
-        refuse_context_parallel("GatedDeltaNet", cache)
         B, T, _ = x_BTD.shape
         decode = cache is not None
         conv = cache.conv if decode else None
@@ -137,6 +140,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         log_g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(self.a_proj(x32) + self.dt_bias[...])
         o, cache = run_mixing(
             gated_delta_rule,
+            gated_delta_rule_context_parallel,
             gated_delta_rule_step,
             (q, k, v, beta, log_g),
             cache=cache,

@@ -18,7 +18,6 @@ from retention.nn.matrix_state import (
     MatrixStateCache,
     MatrixStateMixer,
     matrix_cache_bytes,
-    refuse_context_parallel,
     run_mixing,
 )
 from retention.nn.mixer_kind import MixerKind
@@ -31,7 +30,12 @@ from retention.nn.qkv import (
     qkv_part_params,
     qkvo_weights,
 )
-from retention.ops import check_chunk_size, gated_linear_attention, gated_linear_attention_step
+from retention.ops import (
+    check_chunk_size,
+    gated_linear_attention,
+    gated_linear_attention_context_parallel,
+    gated_linear_attention_step,
+)
 from retention.ops.chunking import default_chunk_size
 from retention.ops.gated_linear_attention.op import PREFERRED_CHUNK
 from retention.parallel.rules import logical_param
@@ -130,7 +134,6 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
             cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
                 (`matrix_state.run_mixing`).
         """
-        refuse_context_parallel("GatedLinearAttention", cache)
         B, T, _ = x_BTD.shape
         decode = cache is not None
         conv = cache.conv if decode else None
@@ -139,6 +142,7 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
         log_g = jax.nn.log_sigmoid(gate_logits).reshape(B, T, self.kv_heads, self.head_dim) / GATE_NORMALISER
         o, cache = run_mixing(
             gated_linear_attention,
+            gated_linear_attention_context_parallel,
             gated_linear_attention_step,
             (q, k, v, log_g),
             cache=cache,

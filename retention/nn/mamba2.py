@@ -27,13 +27,17 @@ from retention.nn.conv import QKVConv, check_conv_size
 from retention.nn.matrix_state import (
     MatrixStateCache,
     MatrixStateMixer,
-    refuse_context_parallel,
     run_mixing,
     state_bytes,
 )
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.qkv import conv_cache_bytes, mixer_options
-from retention.ops import check_chunk_size, linear_attention, linear_attention_step
+from retention.ops import (
+    check_chunk_size,
+    linear_attention,
+    linear_attention_context_parallel,
+    linear_attention_step,
+)
 from retention.ops.chunking import default_chunk_size
 from retention.ops.linear_attention.op import PREFERRED_CHUNK
 from retention.parallel.rules import logical_param
@@ -165,7 +169,6 @@ class Mamba2(MatrixStateMixer, nnx.Module):
             cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
                 (`matrix_state.run_mixing`).
         """
-        refuse_context_parallel("Mamba2", cache)
         B, T, _ = x_BTD.shape
         H, P, G, N = self.heads, self.head_dim, self.n_groups, self.state_size
         decode = cache is not None
@@ -186,6 +189,7 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         log_g = dt_BTH * -jnp.exp(self.A_log[...].astype(jnp.float32))
         y, cache = run_mixing(
             partial(linear_attention, scale=1.0),
+            partial(linear_attention_context_parallel, scale=1.0),
             partial(linear_attention_step, scale=1.0),
             (per_head(Cs), per_head(Bs), x_BTHP * dt_BTH[..., None], log_g),
             cache=cache,

@@ -1,5 +1,6 @@
 """What the matrix-state mixers share (Gated DeltaNet, GLA, Mamba2): their decode cache, the dispatch between the
-full op and the step op through it, and its size for the registry.
+full op (or its context-parallel form under a mesh whose "sequence" axis splits the tokens) and the step op
+through it, and its size for the registry.
 
 With a cache, the T tokens continue the sequence it holds through the step op; segment_ids None continues each
 row's document, and a step whose first token has an id other than the row's last one clears that row's state (as
@@ -51,18 +52,15 @@ def step_states(step_op, state, args: tuple, segment_ids) -> Float[Array, "T B H
     return jax.lax.scan(one, state, jnp.arange(T))[1]
 
 
-def refuse_context_parallel(mixer_name: str, cache) -> None:
-    """NotImplementedError for a full forward (cache None) under a mesh that splits the sequence: the matrix-state
-    mixers have no context-parallel form. Called first, before the projections and the short convolution."""
-    if cache is None and context_parallel_size() > 1:
-        raise NotImplementedError(f"{mixer_name} has no context-parallel form: run it without a 'sequence' axis")
-
-
-def run_mixing(full_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, trail):
-    """o of full_op(*args) (cache None) or of step_op(state, *args) continuing the cache: (o, the new cache), or
-    with `trail` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
+def run_mixing(
+    full_op, context_parallel_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, trail
+):
+    """o of full_op(*args) (cache None; under a mesh whose "sequence" axis splits the tokens, its context-parallel
+    form `context_parallel_op`) or of step_op(state, *args) continuing the cache: (o, the new cache), or with
+    `trail` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
     `step_states`, conv_cache already the conv caches per token)."""
     if cache is None:
+        full_op = context_parallel_op if context_parallel_size() > 1 else full_op
         return full_op(*args, segment_ids=segment_ids, chunk_size=chunk_size), None
     state, last_id = cache.state, cache.segment_id
     if segment_ids is not None:

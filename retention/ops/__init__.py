@@ -16,9 +16,21 @@ from retention.ops.attention import (
 from retention.ops.chunking import CHUNK_SIZES
 from retention.ops.context_mesh import context_parallel_size
 from retention.ops.conv import causal_conv, causal_conv_context_parallel
-from retention.ops.gated_delta_rule import gated_delta_rule, gated_delta_rule_step
-from retention.ops.gated_linear_attention import gated_linear_attention, gated_linear_attention_step
-from retention.ops.linear_attention import linear_attention, linear_attention_step
+from retention.ops.gated_delta_rule import (
+    gated_delta_rule,
+    gated_delta_rule_context_parallel,
+    gated_delta_rule_step,
+)
+from retention.ops.gated_linear_attention import (
+    gated_linear_attention,
+    gated_linear_attention_context_parallel,
+    gated_linear_attention_step,
+)
+from retention.ops.linear_attention import (
+    linear_attention,
+    linear_attention_context_parallel,
+    linear_attention_step,
+)
 from retention.ops.matrix_state import init_matrix_state
 from retention.ops.platform import lowering_for
 from retention.ops.power_retention import (
@@ -46,13 +58,16 @@ __all__ = [
     "check_chunk_size",
     "check_deg",
     "gated_delta_rule",
+    "gated_delta_rule_context_parallel",
     "gated_delta_rule_step",
     "gated_linear_attention",
+    "gated_linear_attention_context_parallel",
     "gated_linear_attention_step",
     "init_kv_cache",
     "init_matrix_state",
     "init_state",
     "linear_attention",
+    "linear_attention_context_parallel",
     "linear_attention_step",
     "lowering_for",
     "power_retention",

@@ -1,10 +1,13 @@
 """The mesh helpers of the context-parallel ops (each sequence's tokens split over the mesh axis "sequence"): the
-axis, its size in the ambient mesh, resolving (mesh, axis, batch axes) for a call, and the mesh axis that splits
-the heads inside the ops' shard_map ("tensor": tensor parallelism, whole heads per device)."""
+axis, its size in the ambient mesh, resolving (mesh, axis, batch axes) for a call, the mesh axis that splits the
+heads inside the ops' shard_map ("tensor": tensor parallelism, whole heads per device), the exclusive scan of the
+devices' segments over the axis (`exclusive_scan`) and a constant cast to vary like the shard's values
+(`vary_like`)."""
 
 import math
 
 import jax
+import jax.numpy as jnp
 
 SEQUENCE_AXIS = "sequence"
 TENSOR_AXIS = "tensor"  # tensor parallelism splits heads, never rows: not a default batch axis
@@ -67,3 +70,43 @@ def heads_axis(mesh, axis: str, rows, heads: dict[str, int]) -> str | None:
                 f"over its devices, got {count}"
             )
     return TENSOR_AXIS
+
+
+def exclusive_scan(elems, combine, axis: str, n: int, identity=None):
+    """The exclusive prefix over the devices of `axis` of an associative `combine`, inside a shard_map: device i
+    gets combine(...combine(e_0, e_1)..., e_{i-1}) of the devices' `elems`, device 0 the identity. One shift by a
+    device, then Hillis-Steele rounds (shift 1, 2, 4, ...: after the round with shift s, device i covers the
+    segments i-2s .. i-1), all by `ppermute`: 1 + ceil(log2 n) rounds of one element each per device (an
+    all_gather would move n - 1).
+
+    Args:
+        elems: this device's element, a pytree of arrays.
+        combine: (earlier, later) -> their composite, the segment `earlier` followed by `later`.
+        axis: the mesh axis.
+        n: its size.
+        identity: the operator's identity, a pytree like elems whose leaves broadcast against them, given to the
+            devices that receive nothing; None: zeros (what `ppermute` gives them), when zeros are the identity.
+
+    Returns:
+        The exclusive prefix, a pytree like elems.
+    """
+    index = jax.lax.axis_index(axis)
+
+    def shift(x, s):
+        moved = jax.tree.map(lambda a: jax.lax.ppermute(a, axis, [(i, i + s) for i in range(n - s)]), x)
+        if identity is None:
+            return moved
+        return jax.tree.map(lambda a, e: jnp.where(index >= s, a, e), moved, identity)
+
+    prefix, s = shift(elems, 1), 1
+    while s < n:
+        prefix = combine(shift(prefix, s), prefix)
+        s *= 2
+    return prefix
+
+
+def vary_like(x, like):
+    """x cast to vary over the mesh axes `like` varies over (inside a shard_map with check_vma: a constant that
+    starts a scan's carry must, as the carry it becomes does); the transpose sums the cotangent back."""
+    missing = tuple(sorted(jax.typeof(like).manual_axis_type.varying - jax.typeof(x).manual_axis_type.varying))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x

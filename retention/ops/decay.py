@@ -76,3 +76,21 @@ def decay_state(decay: Float[Array, "B H *r"], x: Float[Array, "B H ..."]) -> Fl
     """
     decay = decay.reshape(decay.shape + (1,) * (x.ndim - decay.ndim))
     return jnp.where(decay == 0, 0.0, decay * x)
+
+
+def combine_decayed(earlier: tuple, later: tuple) -> tuple:
+    """Two consecutive segments of a decayed recurrence composed, (a, r, S) each: a the total log-decay
+    [B, H, *r] (as `decay_state` takes), r whether the segment resets [B, H], S its state from empty [B, H, ...].
+    The associative operator of the context-parallel scans (power retention, linear attention, GLA):
+    (a_l + a_r, r_l or r_r, S_r if r_r else exp(a_r) S_l + S_r); its identity is zeros.
+
+    Args:
+        earlier: (a, r, S) of the earlier segment.
+        later: (a, r, S) of the later one.
+
+    Returns:
+        (a, r, S) of the two together.
+    """
+    (a_l, r_l, S_l), (a_r, r_r, S_r) = earlier, later
+    resets = r_r.reshape(r_r.shape + (1,) * (S_r.ndim - r_r.ndim))
+    return a_l + a_r, r_l | r_r, jnp.where(resets, S_r, decay_state(jnp.exp(a_r), S_l) + S_r)

@@ -1,8 +1,9 @@
 """The short convolution's context-parallel halo on 8 host devices (run by test_eight_devices.py): with the tokens
 split over the "sequence" axis, the convolution (with and without segment ids, its gradients; also with its
 channels split over a "tensor" axis) and a whole LM with `conv_size` 4 (P, A and W layers, the train step's
-forward) equal one device; the matrix-state mixers (D, G, M) under a data and FSDP mesh equal one device; too few
-tokens per device raise."""
+forward) equal one device; the matrix-state mixers (D, G, M) under a data and FSDP mesh, and under a (data,
+sequence, tensor) mesh (their context-parallel ops and convolution), equal one device; too few tokens per device
+raise."""
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +80,7 @@ def test_lm_with_conv_equals_one_device():
 
 def test_matrix_state_mixers_on_a_data_and_fsdp_mesh_equal_one_device():
     """D, G and M layers (with the short convolution) under a (data, fsdp) = (2, 4) mesh, parameters FSDP-sharded
-    and the batch's rows split over both axes: the logits equal the single-device forward (these mixers have no
-    context-parallel form; the sequence stays whole)."""
+    and the batch's rows split over both axes: the logits equal the single-device forward (the sequence stays whole)."""
     config = LMConfig(
         vocab_size=37,
         d_model=32,
@@ -107,20 +107,25 @@ def test_matrix_state_mixers_on_a_data_and_fsdp_mesh_equal_one_device():
     assert rel_err(logits, one) < 1e-5
 
 
-@pytest.mark.parametrize("letter", ["D", "G", "M"])
-def test_matrix_state_mixers_under_a_sequence_mesh_say_they_have_no_context_parallel_form(letter):
-    """Under (sequence, tensor) = (2, 2), each matrix-state mixer refuses the full forward by name before its short
-    convolution runs (Mamba2's B and C channels, 3 each, do not divide the tensor axis: the convolution's own error
-    would otherwise come first)."""
+def test_matrix_state_mixers_on_a_sequence_and_tensor_mesh_equal_one_device():
+    """D, G and M layers with the short convolution under (data, sequence, tensor) = (2, 2, 2): the context-parallel
+    ops and convolution, the heads (and the convolution's channels) split over tensor inside them; the logits and
+    the parameters' gradients equal the single-device forward's."""
     config = LMConfig(
-        vocab_size=37, d_model=16, n_layers=1, pattern=letter, n_heads=2, n_kv_heads=2, head_dim=8, conv_size=4,
-        ssm_state_size=3,
+        vocab_size=37, d_model=32, n_layers=3, pattern="DGM", n_heads=4, n_kv_heads=2, head_dim=8, chunk_size=16,
+        conv_size=4, ssm_state_size=4, ssm_groups=2,
     )  # fmt: skip
     model = LM(config, rngs=nnx.Rngs(SEED))
-    tokens = jax.random.randint(jax.random.key(SEED), (2, 16), 0, config.vocab_size, dtype=jnp.int32)
-    name = {"D": "GatedDeltaNet", "G": "GatedLinearAttention", "M": "Mamba2"}[letter]
-    with jax.set_mesh(make_mesh(2, 1, 2, tensor=2)), pytest.raises(NotImplementedError, match=f"{name} has no context"):
-        model(tokens)
+    tokens = jax.random.randint(jax.random.key(SEED), (2, 40), 0, config.vocab_size, dtype=jnp.int32)
+    loss = lambda m, t: jnp.mean(jax.nn.logsumexp(m(t), axis=-1))
+    one_logits = nnx.jit(lambda m, t: m(t))(model, tokens)
+    one_grads = nnx.jit(nnx.grad(loss))(model, tokens)
+    with jax.set_mesh(make_mesh(2, 1, 2, tensor=2)):
+        cp_logits = nnx.jit(lambda m, t: m(t))(model, tokens)
+        cp_grads = nnx.jit(nnx.grad(loss))(model, tokens)
+    assert rel_err(cp_logits, one_logits) < 1e-5
+    for a, b in zip(jax.tree.leaves(cp_grads), jax.tree.leaves(one_grads)):
+        assert rel_err(a, b) < 1e-4
 
 
 def test_too_few_tokens_per_device():

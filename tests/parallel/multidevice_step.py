@@ -1,6 +1,7 @@
 """The sharded train step on 8 host devices (run by test_eight_devices.py): under a (data, fsdp, sequence) mesh,
 with the state FSDP-sharded, the batch split and the sequence split (context-parallel retention, gathered K/V for
-attention), a few steps give the losses and parameters of the single-device step to float32 rounding."""
+attention; D, G and M layers on their context-parallel ops), a few steps give the losses and parameters of the
+single-device step to float32 rounding."""
 
 import jax
 import numpy as np
@@ -28,19 +29,23 @@ def _flat(tree) -> np.ndarray:
 
 @pytest.mark.parametrize("shape", [(2, 2, 2), pytest.param((1, 1, 8), marks=pytest.mark.slow)])
 def test_sharded_step_equals_single_device_step(shape):
+    _check_steps(shape, ["model.pattern=PAW", "model.n_layers=3", "model.window=5", "data.batch_size=8"])
+
+
+@pytest.mark.parametrize("pattern", ["DD", "GG", "MM"])
+def test_matrix_state_mixers_train_on_a_data_and_sequence_mesh(pattern):
+    """D, G and M (with the short convolution, which crosses the devices' boundaries too) on (data 2, sequence 4),
+    8 tokens per device: the context-parallel ops in the step, the losses and parameters of one device's steps."""
+    options = ["model.conv_size=4", "model.ssm_state_size=8", "model.ssm_groups=2", "data.batch_size=4"]
+    _check_steps((2, 1, 4), [f"model.pattern={pattern}", *options])
+
+
+def _check_steps(shape, overrides: list[str]) -> None:
+    """STEPS train steps of the TINY model with `overrides` (data.seq_len 32) under a (data, fsdp, sequence) mesh
+    of `shape` against the single-device step: the losses, accuracies and gradient norms each step, the parameters
+    at the end."""
     seed = int(np.random.SeedSequence().generate_state(1)[0] % 2**31)
-    cfg = compose_config(
-        [
-            *TINY,
-            "model.pattern=PAW",
-            "model.n_layers=3",
-            "model.window=5",
-            "data.seq_len=32",
-            "data.vocab_size=40",
-            "data.batch_size=8",
-            f"seed={seed}",
-        ]
-    )
+    cfg = compose_config([*TINY, "data.seq_len=32", "data.vocab_size=40", *overrides, f"seed={seed}"])
     lm, dataset = build(cfg)
     tx, _ = make_optimizer(cfg.optim, cfg.trainer.steps)
     init = make_init(lm, tx, cfg.seed)

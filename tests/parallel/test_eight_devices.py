@@ -51,3 +51,4 @@ def test_comm_volume_formulas_match_the_lowered_program(tmp_path):
     assert table["hlo_forward"]["gathered_kv_per_device"] == first["gathered_kv_fwd_per_device"] > 0
     assert table["rows"][1]["gathered_kv_fwd_per_device"] == 4 * first["gathered_kv_fwd_per_device"]
     assert table["rows"][1]["retention_fwd_per_device"] == first["retention_fwd_per_device"]  # independent of T
+    assert table["hlo_forward"]["matrix_state"] == table["matrix_state_fwd_per_device"]  # the three matrix-state ops

@@ -5,7 +5,8 @@ Device i of n holds tokens [i*T/n, (i+1)*T/n):
    `chunk_math`: keys after the last reset, discounted to the segment's end), its total log-decay a_i (the sum
    of its gates) and whether it resets r_i (a -inf gate or a document start among its tokens);
 2. the states combine as a gated exclusive prefix, the associative scan of (a, r, S) under
-   (a_l, r_l, S_l) . (a_r, r_r, S_r) = (a_l + a_r, r_l or r_r, S_r if r_r else exp(a_r) S_l + S_r): a shift by
+   (a_l, r_l, S_l) . (a_r, r_r, S_r) = (a_l + a_r, r_l or r_r, S_r if r_r else exp(a_r) S_l + S_r)
+   (`decay.combine_decayed`, shared with linear attention and GLA): `context_mesh.exclusive_scan`, a shift by
    one device, then Hillis-Steele rounds with `ppermute` (shift 1, 2, 4, ...), 1 + ceil(log2 n) rounds of one
    state each per device (an all_gather would move n - 1 states). A device that receives nothing gets zeros, the
    identity of the operator;
@@ -33,8 +34,8 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
 from retention.ops.chunking import default_chunk_size
-from retention.ops.context_mesh import SEQUENCE_AXIS, heads_axis, resolve_sequence_mesh
-from retention.ops.decay import decay_state, gate_factors
+from retention.ops.context_mesh import SEQUENCE_AXIS, exclusive_scan, heads_axis, resolve_sequence_mesh
+from retention.ops.decay import combine_decayed, decay_state, gate_factors
 from retention.ops.power_retention.chunk_math import state_write
 from retention.ops.power_retention.gates import chunk_gates
 from retention.ops.power_retention.op import power_retention, run_debug_checks
@@ -68,20 +69,6 @@ def _local_state(k_BTHd, v_BTHd, log_g_BTH, segment_ids_BT, deg: int, c: int):
         S, _ = jax.lax.scan(body, S, (k_NBHcd[1:], v_NBHce[1:], decay_NBH[1:]))
     resets = gates.R[..., -1].sum(axis=1) > 0  # [B, H]
     return S, gates.F[..., -1].sum(axis=1), resets
-
-
-def _exclusive_prefix(a_BH, r_BH, S_aug, axis: str, n: int):
-    """(sum of a over the devices before this one, whether one of them resets, the state entering this one): the
-    exclusive scan of (a, r, S) over `axis` by ppermute, 1 + ceil(log2 n) rounds."""
-    shift_to = lambda x, s: jax.lax.ppermute(x, axis, [(i, i + s) for i in range(n - s)])
-    a, r, S = (shift_to(x, 1) for x in (a_BH, r_BH, S_aug))  # device i holds device i-1's segment; device 0 zeros
-    s = 1
-    while s < n:  # Hillis-Steele: after the round with shift s, device i covers segments i-2s .. i-1
-        a_prev, r_prev, S_prev = (shift_to(x, s) for x in (a, r, S))
-        S = jnp.where(r[..., None, None], S, decay_state(jnp.exp(a), S_prev) + S)
-        a, r = a_prev + a, r_prev | r
-        s *= 2
-    return a, r, S
 
 
 @jax.named_scope("power_retention_context_parallel")
@@ -146,7 +133,7 @@ def power_retention_context_parallel(
         segment_ids, starts = packing if packed else (None, None)
         S_loc, a_loc, r_loc = _local_state(k, v, log_g, segment_ids, deg, c)
         first = jnp.zeros((q.shape[0], 1), bool) if starts is None else starts[:, :1]  # [B, 1]: token 0 starts one
-        a_before, r_before, S_in = _exclusive_prefix(a_loc, r_loc | first, S_loc, axis, n)
+        a_before, r_before, S_in = exclusive_scan((a_loc, r_loc | first, S_loc), combine_decayed, axis, n)
         if has_init:  # the state from before the sequence, decayed over the devices before this one
             S_in = S_in + jnp.where(r_before[..., None, None], 0.0, decay_state(jnp.exp(a_before), S0_aug))
         y, state = power_retention(
