@@ -11,7 +11,10 @@ then encodes a text to the run's ids. Every file is written readable by others (
 A model whose layers are all A (Llama; Qwen2 with q/k/v biases; Qwen3 with QK-norm) or all W (Mistral) with no
 short convolution is written in the Llama layout, which `transformers.AutoModelForCausalLM.from_pretrained(OUT)`
 runs with no custom code; any other in the retention layout (architecture RetentionLM, one tensor per parameter
-named by its key path), which only load_run reads (retention/hf/config_out.py).
+named by its key path), which load_run reads, and beside it OUT/configuration_retention.py and
+OUT/modeling_retention.py (retention/hf/remote/: every layer letter in plain PyTorch, a reference implementation),
+named by config.json's auto_map, so `AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)` runs it
+and generates with its cache (retention/hf/config_out.py).
 
 Integrity, as a checkpoint has it: the weights file's metadata holds the step, the record's sha256 and a checksum
 pair per tensor (retention/checksum.py); run_record.json holds the record, its sha256 and the step, and
@@ -32,7 +35,7 @@ from safetensors.numpy import save_file
 
 from retention.checksum import tree_checksums
 from retention.data.tokenizer import ByteTokenizer
-from retention.hf.config_out import hf_config, hf_tensors
+from retention.hf.config_out import REMOTE_FILES, hf_config, hf_tensors
 from retention.hf.tokenizer_out import (
     GENERATION_CONFIG,
     SPECIAL_TOKENS,
@@ -60,7 +63,9 @@ EXPORT_FILES = (
     TOKENIZER_CONFIG,
     SPECIAL_TOKENS,
     GENERATION_CONFIG,
+    *REMOTE_FILES,
 )
+REMOTE_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf", "remote")  # PyTorch, never imported here
 
 
 def check_out(run_dir: str, out: str) -> None:
@@ -131,6 +136,9 @@ def export_run(run_dir: str, out: str, step: int | None = None) -> str:
             json.dump({"step": loaded.step, "record": loaded.record, "record_sha256": digest}, f, indent=2)
         if hf_tokenizer is not None:
             write_tokenizer_files(aside, *hf_tokenizer)
+        if layout == "retention":  # the PyTorch model config.json's auto_map names, for trust_remote_code
+            for file in REMOTE_FILES:
+                shutil.copyfile(os.path.join(REMOTE_CODE, file), os.path.join(aside, file))
         if tokenizer is not None:  # the run's file, byte for byte, over transformers' copy: load_run checks it
             shutil.copyfile(os.path.join(run_dir, TOKENIZER), os.path.join(aside, TOKENIZER))
         for file in os.listdir(aside):

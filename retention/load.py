@@ -134,6 +134,8 @@ def _read_export(folder: str) -> tuple[dict, dict, dict]:
         )
     lm = LMConfig.from_record(record["lm"])
     want = hf_config(lm, max_position_embeddings=max_positions(record), eos_token_id=config.get("eos_token_id"))
+    if "auto_map" not in config:  # an export written before the retention layout carried its PyTorch code
+        want.pop("auto_map", None)
     if differ := sorted(k for k in want.keys() | config.keys() if want.get(k) != config.get(k)):
         raise ValueError(
             f"{config_path} is damaged: {differ[0]}={config.get(differ[0])!r}, the run record's model has "

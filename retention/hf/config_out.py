@@ -2,7 +2,9 @@
 settings) and its tensors. A model transformers runs with no custom code (every layer A: Llama, Qwen2 with q/k/v
 biases, Qwen3 with QK-norm; every layer W: Mistral's sliding window; no short convolution, RoPE on) takes the Llama
 layout (names.py: HF names, [out, in] weights); any other takes the "retention" layout: architecture RetentionLM,
-one tensor per parameter named by its key path (the LM's own [in, out] layout), which only this project reads."""
+one tensor per parameter named by its key path (the LM's own [in, out] layout), which load_run reads and transformers
+runs through the export's own modeling_retention.py (retention/hf/remote/, named by config.json's auto_map:
+`AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)`)."""
 
 import dataclasses
 
@@ -15,6 +17,11 @@ from retention.nn import LM, LMConfig
 from retention.nn.model import convert_layers
 from retention.nn.registry import MIXERS
 
+REMOTE_FILES = ("configuration_retention.py", "modeling_retention.py")  # retention/hf/remote/, copied into exports
+AUTO_MAP = {
+    "AutoConfig": "configuration_retention.RetentionConfig",
+    "AutoModelForCausalLM": "modeling_retention.RetentionForCausalLM",
+}
 MODEL_TYPES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -64,7 +71,7 @@ def _rope_parameters(lm: LMConfig) -> dict:
 def hf_config(lm: LMConfig, *, max_position_embeddings: int, eos_token_id: int | None = None) -> dict:
     """The Hugging Face config.json of `lm` (the built model's sizes): its architecture's fields when
     hf_architecture has one, else RetentionLM's; both name the layer pattern and carry every mixer setting (the
-    LMConfig) under "retention_lm"."""
+    LMConfig) under "retention_lm"; RetentionLM's names the export's remote code under "auto_map"."""
     arch = hf_architecture(lm)
     record, lm = dataclasses.asdict(lm), _one_kind(lm)
     config = {
@@ -87,6 +94,8 @@ def hf_config(lm: LMConfig, *, max_position_embeddings: int, eos_token_id: int |
         "layer_mixers": [MIXERS[kind].name for kind in lm.layer_kinds],
         "retention_lm": record,
     }
+    if arch is None:  # transformers runs it with the export's modeling_retention.py (trust_remote_code=True)
+        config["auto_map"] = dict(AUTO_MAP)
     if lm.rope_base is not None:
         config["rope_parameters"] = _rope_parameters(lm)
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
