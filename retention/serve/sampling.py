@@ -1,5 +1,6 @@
 """Sampling settings and the sampler that `generate` and the slot engine share: argmax at temperature 0, else a draw
-from softmax(logits / temperature) over the top_k most likely tokens."""
+from softmax(logits / temperature) over the top_k most likely tokens (`sampling_probabilities`: that distribution,
+which speculative sampling reads)."""
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +53,23 @@ def sample(logits: Float[Array, "*b V"], key, temperature, top_k) -> Int[Array, 
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if isinstance(temperature, (int, float)) and temperature == 0:
         return greedy
+    temperature = jnp.asarray(temperature, jnp.float32)
+    drawn = jax.random.categorical(key, sampling_logits(logits, temperature, top_k), axis=-1)
+    return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+
+
+def sampling_logits(logits: Float[Array, "*b V"], temperature, top_k) -> Float[Array, "*b V"]:
+    """The logits `sample` draws from at temperature > 0: those outside the top_k set to -inf, all divided by the
+    temperature (by 1 where it is 0).
+
+    Args:
+        logits: [..., V] float.
+        temperature: a float or float array [...] per row.
+        top_k: None, a Python int or an int array [...] per row in [1, V].
+
+    Returns:
+        [..., V]: softmax of these is the distribution `sample` draws from.
+    """
     if isinstance(top_k, int):
         kth_best = jax.lax.top_k(logits, top_k)[0][..., -1:]
     elif top_k is not None:
@@ -60,5 +78,22 @@ def sample(logits: Float[Array, "*b V"], key, temperature, top_k) -> Int[Array, 
     if top_k is not None:
         logits = jnp.where(logits < kth_best, -jnp.inf, logits)
     temperature = jnp.asarray(temperature, jnp.float32)
-    drawn = jax.random.categorical(key, logits / jnp.where(temperature > 0, temperature, 1.0)[..., None], axis=-1)
-    return jnp.where(temperature > 0, drawn, greedy).astype(jnp.int32)
+    return logits / jnp.where(temperature > 0, temperature, 1.0)[..., None]
+
+
+def sampling_probabilities(logits: Float[Array, "*b V"], temperature, top_k) -> Float[Array, "*b V"]:
+    """The distribution `sample` draws each row's token from: softmax(`sampling_logits`) at temperature > 0, the
+    one-hot of the argmax at 0.
+
+    Args:
+        logits: [..., V] float.
+        temperature: a float or float array [...] per row.
+        top_k: None, a Python int or an int array [...] per row in [1, V].
+
+    Returns:
+        float32 [..., V], each row summing to 1.
+    """
+    temperature = jnp.asarray(temperature, jnp.float32)
+    drawn = jax.nn.softmax(sampling_logits(logits, temperature, top_k).astype(jnp.float32), axis=-1)
+    greedy = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where((temperature > 0)[..., None], drawn, greedy)

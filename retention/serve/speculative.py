@@ -9,7 +9,8 @@ chunk (k + 1 states of D (d + 1) float32 per kv-head: 2.6 MiB per head at d = 64
 layer's from a scan of k + 1 one-token steps, an attention layer's keys and values cut back to the accepted tokens
 (a ring buffer's overwritten slots restored from the pre-verify snapshot, a value the step leaves untouched), the
 conv caches per token. The draft keeps one snapshot per proposed token and goes back to the one after the
-accepted prefix. `speculative_generate` loops this; its tokens equal the target's greedy `generate`.
+accepted prefix. `speculative_generate` is a one-slot Engine with a draft (the engine's speculative round,
+speculative_round.py, does the same per slot in one compiled call); its tokens equal the target's greedy `generate`.
 """
 
 import dataclasses
@@ -20,7 +21,8 @@ import numpy as np
 
 from retention.nn import LM
 from retention.serve.cache_limits import check_room
-from retention.serve.snapshot import check_snapshot, extend, prefill
+from retention.serve.engine import Engine
+from retention.serve.snapshot import check_snapshot
 from retention.serve.snapshot_value import Snapshot
 from retention.validation import check_int
 
@@ -91,16 +93,12 @@ def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
     return Verified(choices, accepted, dataclasses.replace(snapshot, caches=caches, logits=logits[:, accepted]))
 
 
-def _greedy(snapshot: Snapshot) -> int:
-    return int(jnp.argmax(snapshot.logits[0]))
-
-
 def speculative_generate(target: LM, draft: LM, prompt_1T, max_new_tokens: int, *, k: int) -> Speculated:
     """The target's greedy continuation of a one-row prompt, drafted k at a time by `draft` and verified by the
-    target, one decode step per k drafts.
+    target, one decode step per k drafts: a one-slot Engine with a draft (engine.py, speculative_round.py).
 
     Args:
-        target: the model whose greedy tokens are returned.
+        target: the model whose greedy tokens are returned (scan_layers=False).
         draft: any LM over the same vocabulary.
         prompt_1T (Array): the prompt, int [1, T].
         max_new_tokens: N, the tokens to generate.
@@ -116,21 +114,8 @@ def speculative_generate(target: LM, draft: LM, prompt_1T, max_new_tokens: int, 
             f"draft's vocab_size={draft.config.vocab_size} must equal the target's {target.config.vocab_size}"
         )
     prompt_1T = jnp.asarray(prompt_1T, jnp.int32)
-    max_len = prompt_1T.shape[1] + max_new_tokens + k + 1
-    target_snap = prefill(target, prompt_1T, max_len=max_len, step_tokens=k + 1)
-    draft_snap = prefill(draft, prompt_1T, max_len=max_len)
-    out = [_greedy(target_snap)]  # the newest token, `last`, is in neither snapshot yet
-    proposed, accepted_total, calls = 0, 0, 0
-    while len(out) < max_new_tokens:
-        history = [extend(draft, draft_snap, jnp.array([[out[-1]]], jnp.int32))]  # after last, d_1, ..., d_i
-        drafts = []
-        for _ in range(k):
-            drafts.append(_greedy(history[-1]))
-            history.append(extend(draft, history[-1], jnp.array([[drafts[-1]]], jnp.int32)))
-        verified = verify(target, target_snap, jnp.array([[out[-1], *drafts]], jnp.int32))
-        j = verified.accepted
-        calls, proposed, accepted_total = calls + 1, proposed + k, accepted_total + j
-        out += drafts[:j] + [int(verified.choices[j])]
-        target_snap, draft_snap = verified.snapshot, history[j]
-    rate = accepted_total / proposed if proposed else 0.0
-    return Speculated(np.array(out[:max_new_tokens]), rate, (len(out) - 1) / max(calls, 1), calls)
+    engine = Engine(target, slots=1, max_len=prompt_1T.shape[1] + max_new_tokens + k + 1, draft=draft, draft_tokens=k)
+    request = engine.submit(prompt_1T, max_new_tokens=max_new_tokens)
+    tokens = engine.run()[request]
+    stats = engine.speculation_stats()
+    return Speculated(np.array(tokens), stats.acceptance_rate, stats.tokens_per_target_step, stats.rounds)
