@@ -15,8 +15,6 @@ machine (recomputing a 64k prefix for every request is the slow part; `--kinds` 
 import argparse
 import dataclasses
 import json
-import os
-import platform
 from pathlib import Path
 
 import jax
@@ -25,7 +23,7 @@ from flax import nnx
 from matplotlib.figure import Figure
 
 from experiments.plotting import color, log_ticks, save
-from experiments.timing import median_seconds
+from experiments.timing import machine, median_seconds
 from retention import generate, prefill, snapshot_bytes
 from retention.nn import LM, LMConfig
 
@@ -38,6 +36,12 @@ KINDS = {
     "A 4-bit KV": {"pattern": "A", "kv_cache_bits": 4},
     "PA": {"pattern": "PA"},
 }
+
+
+def build(kind: str) -> LM:
+    """The benchmark's small model of `kind` (a name of KINDS) with random weights (nnx.Rngs(0)): serving costs
+    only, not quality."""
+    return LM(dataclasses.replace(BASE, **KINDS[kind]), rngs=nnx.Rngs(0))
 
 
 def measure(
@@ -108,6 +112,23 @@ def figure(results: dict) -> Figure:
     return fig
 
 
+def parse_flags(parser: argparse.ArgumentParser, argv, out: str) -> argparse.Namespace:
+    """`parser`'s flags with those the serving benchmarks share added (--kinds, --note, --out defaulting to `out`,
+    --plot-only), parsed from argv."""
+    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="models to measure")
+    parser.add_argument(
+        "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
+    )
+    parser.add_argument("--out", default=out, help="JSON path; the PNG goes beside it")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's JSON, measuring nothing")
+    return parser.parse_args(argv)
+
+
+def redraw(figure, out: Path) -> None:
+    """The PNG beside the JSON `out` redrawn by `figure` from its "results" (--plot-only)."""
+    save(figure(json.loads(out.read_text())["results"]), out.with_suffix(".png"))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024], help="shared prefix tokens (1k-64k)")
@@ -120,36 +141,22 @@ def main(argv=None):
         type=int,
         help="longest prefix whose per-request recompute is timed (longer: the snapshot path only, recompute None)",
     )
-    parser.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="models to measure")
-    parser.add_argument(
-        "--note", default="a CPU shared with other jobs: times are indicative, bytes exact", help="the machine"
-    )
-    parser.add_argument("--out", default="results/prefix_reuse.json", help="JSON path; the PNG goes beside it")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's JSON, measuring nothing")
-    args = parser.parse_args(argv)
+    args = parse_flags(parser, argv, "results/prefix_reuse.json")
     out = Path(args.out)
     if args.plot_only:
-        save(figure(json.loads(out.read_text())["results"]), out.with_suffix(".png"))
-        return
+        return redraw(figure, out)
     results = {}
     for kind in args.kinds:
-        fields = KINDS[kind]
-        model = LM(dataclasses.replace(BASE, **fields), rngs=nnx.Rngs(0))
+        model = build(kind)
         recompute = lambda n: args.recompute_max is None or n <= args.recompute_max
         results[kind] = [
             measure(model, n, args.requests, args.suffix, args.new, args.repeats, recompute(n)) for n in args.lengths
         ]
         for row in results[kind]:
             print(kind, json.dumps(row))
-    machine = {
-        "device": jax.devices()[0].device_kind,
-        "platform": platform.platform(),
-        "cpus": os.cpu_count(),
-        "note": args.note,
-    }
     setup = dict(config=dataclasses.asdict(BASE), requests=args.requests, suffix=args.suffix, new=args.new)
     setup.update(repeats=args.repeats, recompute_max=args.recompute_max)
-    out.write_text(json.dumps({"machine": machine, "setup": setup, "results": results}, indent=1) + "\n")
+    out.write_text(json.dumps({"machine": machine(args.note), "setup": setup, "results": results}, indent=1) + "\n")
     save(figure(results), out.with_suffix(".png"))
 
 

@@ -1,5 +1,7 @@
 """Timing helpers shared by the benchmarks: wall times after a warm-up, their median, and this machine's matmul rate."""
 
+import os
+import platform
 import time
 
 import jax
@@ -22,6 +24,18 @@ def run_times(fn, *args, repeats: int = 3) -> list[float]:
 def median_seconds(fn, *args, repeats: int = 3) -> float:
     """Median wall time of fn(*args) over `repeats` runs after one warm-up run (run_times)."""
     return float(np.median(run_times(fn, *args, repeats=repeats)))
+
+
+def machine(note: str) -> dict:
+    """The machine a benchmark ran on, for its JSON: the first device's kind, the platform, the CPU count, jax's
+    version and the caller's `note` (e.g. what else was running)."""
+    return {
+        "device": jax.devices()[0].device_kind,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "jax_version": jax.__version__,
+        "note": note,
+    }
 
 
 def matmul_gflops(n: int = 4096, repeats: int = 5, dtype=jnp.float32) -> float:
