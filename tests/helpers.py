@@ -50,20 +50,20 @@ def _prefill(mixer, x, positions, cache):
 
 @nnx.jit
 def _decode(mixer, x, positions, cache):
-    return mixer(x, positions=positions, cache=cache)
+    return mixer.decode(x, positions=positions, cache=cache)
 
 
 def forward_and_decode_steps(mixer, x, n: int, prefill: int = 8):
-    """A mixer on x [B, T, d_model] (positions 0..T-1), compiled: (its full forward [B, T, d_model], the cache it
-    returns (None expected), and the same rows from a prefill of the first `prefill` tokens followed by decode steps
-    of n tokens). Compiled, not eager: eagerly every primitive of every step compiles on its own (3x slower)."""
+    """A mixer on x [B, T, d_model] (positions 0..T-1), compiled: (its full forward [B, T, d_model], and the same
+    rows from a prefill of the first `prefill` tokens followed by decode steps of n tokens). Compiled, not eager:
+    eagerly every primitive of every step compiles on its own (3x slower)."""
     B, T, _ = x.shape
     positions = jnp.arange(T, dtype=jnp.int32)
-    full, no_cache = _forward(mixer, x, positions)
+    full = _forward(mixer, x, positions)
     cache = mixer.init_cache(B, T, x.dtype, step_tokens=n)
     rows, cache = _prefill(mixer, x[:, :prefill], positions[:prefill], cache)
     pieces = [rows]
     for lo in range(prefill, T, n):
         rows, cache = _decode(mixer, x[:, lo : lo + n], positions[lo : lo + n], cache)
         pieces.append(rows)
-    return full, no_cache, jnp.concatenate(pieces, axis=1)
+    return full, jnp.concatenate(pieces, axis=1)

@@ -8,6 +8,7 @@ from retention.nn.gated_deltanet import GatedDeltaNet
 from retention.nn.gla import GatedLinearAttention
 from retention.nn.mamba2 import Mamba2
 from retention.nn.matrix_state import MatrixStateCache
+from retention.nn.mixer_interface import Mixer
 from retention.nn.mixer_kind import MixerKind
 from retention.nn.model import LM, LMCache
 from retention.nn.power_retention import PowerRetention, RetentionCache
@@ -25,6 +26,7 @@ __all__ = [
     "LMCache",
     "LMConfig",
     "MatrixStateCache",
+    "Mixer",
     "MixerKind",
     "PowerRetention",
     "RetentionCache",

@@ -1,9 +1,10 @@
 """The softmax-attention mixer, full (layer letter A) or over a sliding window (W), and their registry entries.
 
-`__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)`: cache=None is one full-sequence forward
-(the context-parallel op, which gathers K and V, under a mesh whose "sequence" axis splits the tokens); with a
-cache the T tokens are written into it and attend to what it holds; `prefill` runs the full-sequence op on a
-prompt and writes its keys and values into an empty cache.
+The `Mixer` methods (mixer_interface.py): `__call__(x, *, positions, segment_ids=None) -> y` is one full-sequence
+forward (the context-parallel op, which gathers K and V, under a mesh whose "sequence" axis splits the tokens);
+`decode(x, *, ..., cache) -> (y, cache)` writes the T tokens into the cache and attends to what it holds; `verify`
+does the same and keeps the conv caches per token; `prefill` runs the full-sequence op on a prompt and writes its
+keys and values into an empty cache.
 Its cache is an AttentionCache: a KVCache of keys and values and each slot's segment id per row (a ring buffer of
 window + n - 1 slots for a sliding window), or with `kv_cache_bits` (8 or 4) a QuantizedKVCache of the same slots
 (retention/ops/attention/quantized.py; one document per row: it keeps no segment ids), and the conv cache. With a
@@ -133,51 +134,91 @@ class Attention(QKVMixer):
         *,
         positions: Int[Array, "*b T"],
         segment_ids: Int[Array, "B T"] | None = None,
-        cache: AttentionCache | None = None,
-        trail: bool = False,
-    ) -> tuple[Float[Array, "B T D"], AttentionCache | None]:
-        """Full causal forward, or T tokens written into the cache and attending to what it holds.
+    ) -> Float[Array, "B T D"]:
+        """The full causal forward (under a mesh that splits the sequence, the context-parallel op: it gathers K
+        and V).
 
         Args:
             x_BTD: the normalised residual stream [B, T, d_model].
             positions: RoPE positions [T] or [B, T].
             segment_ids: int [B, T]: packed documents; they enter the model here, and only here.
-            cache: the layer's cache to continue; None: a full forward.
-            trail: a verify step: return what a rollback needs.
 
         Returns:
             y: [B, T, d_model].
-            cache: the updated cache, or None for a full forward; with `trail` the keys and values after all T
-                tokens and the conv caches after each, [T, ...].
         """
-        decode = cache is not None
-        conv = cache.conv if decode else None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
+        q, k, v, _ = project_qkv(self, x_BTD, positions, segment_ids)
         window = self.window
-        if not decode and context_parallel_size() > 1:  # under a mesh that splits the sequence: gather K, V
-            return self.out(softmax_attention_context_parallel(q, k, v, window=window, segment_ids=segment_ids)), None
-        if not decode:
-            return self.out(softmax_attention(q, k, v, window=window, segment_ids=segment_ids, impl=self.impl)), None
+        if context_parallel_size() > 1:
+            return self.out(softmax_attention_context_parallel(q, k, v, window=window, segment_ids=segment_ids))
+        return self.out(softmax_attention(q, k, v, window=window, segment_ids=segment_ids, impl=self.impl))
+
+    def decode(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: AttentionCache,
+    ) -> tuple[Float[Array, "B T D"], AttentionCache]:
+        """T tokens written into the cache and attending to what it holds.
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T].
+            segment_ids: int [B, T], or None: each row's document continues.
+            cache: the layer's cache to continue (room for T more slots: max_len for A, T <= step_tokens for W).
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the updated cache.
+        """
+        return self._step(x_BTD, positions, segment_ids, cache, per_token=False)
+
+    def verify(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"],
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: AttentionCache,
+    ) -> tuple[Float[Array, "B T D"], AttentionCache]:
+        """A decode step that keeps what a rollback needs.
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T].
+            segment_ids: int [B, T], or None.
+            cache: the layer's cache before the T tokens.
+
+        Returns:
+            y: [B, T, d_model], as `decode`'s.
+            verified: the keys and values after all T tokens and the conv caches after each, [T, ...].
+        """
+        return self._step(x_BTD, positions, segment_ids, cache, per_token=True)
+
+    def _step(self, x_BTD, positions, segment_ids, cache: AttentionCache, *, per_token: bool):
+        """`decode` (per_token False) or `verify` (True: the conv caches per token)."""
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv, conv_per_token=per_token)
         if isinstance(cache.kv, QuantizedKVCache):
             _check_one_document(segment_ids)
-            y, kv = softmax_attention_step_quantized(cache.kv, q, k, v, window=window)
+            y, kv = softmax_attention_step_quantized(cache.kv, q, k, v, window=self.window)
         else:
-            y, kv = softmax_attention_step(cache.kv, q, k, v, window=window, segment_ids=segment_ids)
+            y, kv = softmax_attention_step(cache.kv, q, k, v, window=self.window, segment_ids=segment_ids)
         return self.out(y), AttentionCache(kv, conv_cache)
 
-    def rollback(self, before: AttentionCache, trail: AttentionCache, kept) -> AttentionCache:
+    def rollback(self, before: AttentionCache, verified: AttentionCache, kept) -> AttentionCache:
         """The cache after the first `kept` tokens of a verify step.
 
         Args:
             before: the cache the verify step started from.
-            trail: what the verify step returned.
+            verified: what the verify step returned beside y.
             kept (int | Array): the tokens to keep.
 
         Returns:
             The keys and values cut back (`keep_first`: the slots of the dropped tokens hold `before`'s again, a ring
                 buffer's overwritten keys included) and the conv cache of that token.
         """
-        return AttentionCache(keep_first(before.kv, trail.kv, kept), select_kept(before.conv, trail.conv, kept))
+        return AttentionCache(keep_first(before.kv, verified.kv, kept), select_kept(before.conv, verified.conv, kept))
 
     def prefill(
         self,
@@ -205,7 +246,7 @@ class Attention(QKVMixer):
         L = kv.k.shape[2]  # k is [B, H, L, d]
         if self.window is None and L < T:
             raise ValueError(f"a full-attention cache needs max_len >= the prompt length {T}, got max_len={L}")
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv, decode=True)
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv)
         y = softmax_attention(q, k, v, window=self.window, segment_ids=segment_ids, impl=self.impl)
         if isinstance(kv, QuantizedKVCache):
             _check_one_document(segment_ids)

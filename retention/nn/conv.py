@@ -116,7 +116,7 @@ class QKVConv(nnx.Module):
         next_ids = _last(jnp.concatenate([cache.segment_ids, ids_BT], axis=1), cache.segment_ids.shape[1])
         return q, k, v, QKVConvCache(cq, ck, cv, next_ids)
 
-    def trail(self, q_BTC, k_BTC, v_BTC, *, segment_ids_BT=None, cache: QKVConvCache) -> QKVConvCache:
+    def per_token_caches(self, q_BTC, k_BTC, v_BTC, *, segment_ids_BT=None, cache: QKVConvCache) -> QKVConvCache:
         """The conv cache after each of the T step inputs (unconvolved q, k, v), stacked: every field [T, ...],
         entry i the cache a step of tokens 0..i leaves (its last conv_size - 1 inputs and their ids)."""
         T, P = q_BTC.shape[1], cache.segment_ids.shape[1]

@@ -5,10 +5,11 @@ L2-normalised per head; beta = sigmoid(x W_beta) and the Mamba2-style decay log_
 dt_bias) per kv-head; the gated delta rule (`retention.ops.gated_delta_rule`); a per-head RMSNorm of the output
 gated by SiLU(x W_gate); the output projection. No RoPE (the recurrence orders the tokens).
 
-`__call__(x, *, positions, segment_ids=None, cache=None) -> (y, cache)` as the power-retention mixer: cache=None
-is the full forward (the chunked op); with a cache the T tokens continue the sequence it holds through the step
-op; `prefill` is the same call into an empty cache. Its cache (MatrixStateCache): the state S [B, H, d, d]
-float32, the same size at any length, each row's last segment id, and the conv cache.
+The `Mixer` methods (mixer_interface.py; `MatrixStateMixer` over `_mix`): `__call__(x, *, positions,
+segment_ids=None) -> y` is the full forward (the chunked op); `decode(x, *, ..., cache) -> (y, cache)` continues the
+sequence the cache holds through the step op, `prefill` is the same into an empty cache, and `verify` keeps the
+caches after each token. Its cache (MatrixStateCache): the state S [B, H, d, d] float32, the same size at any
+length, each row's last segment id, and the conv cache.
 """
 
 import jax
@@ -106,34 +107,33 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
             rngs=rngs,
         )
 
-    def __call__(
+    def _mix(
         self,
         x_BTD: Float[Array, "B T D"],
+        positions: Int[Array, "*b T"] | None,
+        segment_ids: Int[Array, "B T"] | None,
+        cache: MatrixStateCache | None,
         *,
-        positions: Int[Array, "*b T"] | None = None,
-        segment_ids: Int[Array, "B T"] | None = None,
-        cache: MatrixStateCache | None = None,
-        trail: bool = False,
+        per_token: bool,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
-        """Full forward (cache None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state).
+        """The body of every mode (`MatrixStateMixer`): the full forward (cache None) or T tokens continuing the
+        cache (rows whose first token starts a new document begin from an empty state).
 
         Args:
             x_BTD: the normalised residual stream [B, T, d_model].
             positions: RoPE positions, as in the other mixers.
             segment_ids: int [B, T], or None.
             cache: the layer's cache to continue; None: a full forward.
-            trail: a verify step: return the caches after each token.
+            per_token: a verify step: return the caches after each token.
 
         Returns:
             y: [B, T, d_model].
-            cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
+            cache: the new cache or None; with `per_token` the caches after each token stacked [T, ...]
                 (`matrix_state.run_mixing`).
         """
         B, T, _ = x_BTD.shape
-        decode = cache is not None
-        conv = cache.conv if decode else None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
+        conv = None if cache is None else cache.conv
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, conv_per_token=per_token)
         q, k, v = _l2_normalise(jax.nn.silu(q)), _l2_normalise(jax.nn.silu(k)), jax.nn.silu(v)
         x32 = x_BTD.astype(jnp.float32)
         beta = jax.nn.sigmoid(self.beta_proj(x32))
@@ -147,7 +147,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
             conv_cache=conv_cache,
             segment_ids=segment_ids,
             chunk_size=self.chunk_size,
-            trail=trail,
+            per_token=per_token,
         )
         gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)

@@ -5,8 +5,8 @@ none, the config may add one); a data-dependent decay per key channel from a low
 log_g = log_sigmoid(x W_1 W_2 + b) / GATE_NORMALISER; gated linear attention (`retention.ops.gated_linear_attention`);
 a per-head RMSNorm of the output gated by SiLU(x W_gate); the output projection. No RoPE.
 
-`__call__`, `prefill` and the cache (MatrixStateCache: S [B, H, d, d] float32, each row's last segment id, the
-conv cache) as the Gated DeltaNet mixer's (`matrix_state.py`).
+The `Mixer` methods (mixer_interface.py) and the cache (MatrixStateCache: S [B, H, d, d] float32, each row's last
+segment id, the conv cache) as the Gated DeltaNet mixer's (`matrix_state.py`).
 """
 
 import jax
@@ -110,34 +110,33 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
             rngs=rngs,
         )
 
-    def __call__(
+    def _mix(
         self,
         x_BTD: Float[Array, "B T D"],
+        positions: Int[Array, "*b T"] | None,
+        segment_ids: Int[Array, "B T"] | None,
+        cache: MatrixStateCache | None,
         *,
-        positions: Int[Array, "*b T"] | None = None,
-        segment_ids: Int[Array, "B T"] | None = None,
-        cache: MatrixStateCache | None = None,
-        trail: bool = False,
+        per_token: bool,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
-        """Full forward (cache None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state).
+        """The body of every mode (`MatrixStateMixer`): the full forward (cache None) or T tokens continuing the
+        cache (rows whose first token starts a new document begin from an empty state).
 
         Args:
             x_BTD: the normalised residual stream [B, T, d_model].
             positions: RoPE positions, as in the other mixers.
             segment_ids: int [B, T], or None.
             cache: the layer's cache to continue; None: a full forward.
-            trail: a verify step: return the caches after each token.
+            per_token: a verify step: return the caches after each token.
 
         Returns:
             y: [B, T, d_model].
-            cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
+            cache: the new cache or None; with `per_token` the caches after each token stacked [T, ...]
                 (`matrix_state.run_mixing`).
         """
         B, T, _ = x_BTD.shape
-        decode = cache is not None
-        conv = cache.conv if decode else None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
+        conv = None if cache is None else cache.conv
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, conv_per_token=per_token)
         gate_logits = self.decay_up(self.decay_down(x_BTD.astype(jnp.float32)))
         log_g = jax.nn.log_sigmoid(gate_logits).reshape(B, T, self.kv_heads, self.head_dim) / GATE_NORMALISER
         o, cache = run_mixing(
@@ -149,7 +148,7 @@ class GatedLinearAttention(MatrixStateMixer, QKVMixer):
             conv_cache=conv_cache,
             segment_ids=segment_ids,
             chunk_size=self.chunk_size,
-            trail=trail,
+            per_token=per_token,
         )
         gate = jax.nn.silu(self.gate_proj(x_BTD)).reshape(B, T, self.heads, self.head_dim)
         o = (self.o_norm(o.astype(jnp.float32)) * gate.astype(jnp.float32)).astype(x_BTD.dtype)

@@ -11,8 +11,8 @@ groups of B and C (state size N each, shared by the H / n_groups heads of a grou
 - y + D x (a skip per head), the gated RMSNorm norm(y * SiLU(z)) over each group's d_inner / n_groups channels,
   the output projection.
 
-`__call__`, `prefill` and the cache (MatrixStateCache: S [B, H, N, P] float32, each row's last segment id, the
-conv cache of x, B and C) as the Gated DeltaNet mixer's (`matrix_state.py`).
+The `Mixer` methods (mixer_interface.py) and the cache (MatrixStateCache: S [B, H, N, P] float32, each row's last
+segment id, the conv cache of x, B and C) as the Gated DeltaNet mixer's (`matrix_state.py`).
 """
 
 import math
@@ -145,40 +145,39 @@ class Mamba2(MatrixStateMixer, nnx.Module):
         self.norm_scale = nnx.Param(jnp.ones((self.d_inner,), param_dtype), **logical_param("ssm_heads"))
         self.out_proj = linear(self.d_inner, d_model, "ssm_heads", "embed")
 
-    def __call__(
+    def _mix(
         self,
         x_BTD: Float[Array, "B T D"],
+        positions: Int[Array, "*b T"] | None,
+        segment_ids: Int[Array, "B T"] | None,
+        cache: MatrixStateCache | None,
         *,
-        positions: Int[Array, "*b T"] | None = None,
-        segment_ids: Int[Array, "B T"] | None = None,
-        cache: MatrixStateCache | None = None,
-        trail: bool = False,
+        per_token: bool,
     ) -> tuple[Float[Array, "B T D"], MatrixStateCache | None]:
-        """Full forward (cache None) or T tokens continuing the cache (rows whose first token starts a new document
-        begin from an empty state).
+        """The body of every mode (`MatrixStateMixer`): the full forward (cache None) or T tokens continuing the
+        cache (rows whose first token starts a new document begin from an empty state).
 
         Args:
             x_BTD: the normalised residual stream [B, T, d_model].
             positions: unused (the recurrence orders the tokens).
             segment_ids: int [B, T], or None.
             cache: the layer's cache to continue; None: a full forward.
-            trail: a verify step: return the caches after each token.
+            per_token: a verify step: return the caches after each token.
 
         Returns:
             y: [B, T, d_model].
-            cache: the new cache or None; with `trail` the caches after each token stacked [T, ...]
+            cache: the new cache or None; with `per_token` the caches after each token stacked [T, ...]
                 (`matrix_state.run_mixing`).
         """
         B, T, _ = x_BTD.shape
         H, P, G, N = self.heads, self.head_dim, self.n_groups, self.state_size
-        decode = cache is not None
         bc = G * N
         cuts = [self.d_inner, 2 * self.d_inner, 2 * self.d_inner + bc, 2 * self.d_inner + 2 * bc]
         z, xs, Bs, Cs, dt = jnp.split(self.in_proj(x_BTD), cuts, axis=-1)
-        conv_cache = cache.conv if decode else None
-        conv_trail = None
-        if self.conv is not None and trail:
-            conv_trail = self.conv.trail(xs, Bs, Cs, segment_ids_BT=segment_ids, cache=conv_cache)
+        conv_cache = None if cache is None else cache.conv
+        conv_per_token = None
+        if self.conv is not None and per_token:
+            conv_per_token = self.conv.per_token_caches(xs, Bs, Cs, segment_ids_BT=segment_ids, cache=conv_cache)
         if self.conv is not None:
             xs, Bs, Cs, conv_cache = self.conv(xs, Bs, Cs, segment_ids_BT=segment_ids, cache=conv_cache)
             bias = jnp.split(self.conv_bias[...].astype(xs.dtype), cuts[:1] + [self.d_inner + bc], axis=-1)
@@ -193,10 +192,10 @@ class Mamba2(MatrixStateMixer, nnx.Module):
             partial(linear_attention_step, scale=1.0),
             (per_head(Cs), per_head(Bs), x_BTHP * dt_BTH[..., None], log_g),
             cache=cache,
-            conv_cache=conv_trail if trail else conv_cache,
+            conv_cache=conv_per_token if per_token else conv_cache,
             segment_ids=segment_ids,
             chunk_size=self.chunk_size,
-            trail=trail,
+            per_token=per_token,
         )
         y = y + self.D[...].astype(jnp.float32)[:, None] * x_BTHP
         gated = (y.reshape(B, T, self.d_inner) * jax.nn.silu(z.astype(jnp.float32))).reshape(B, T, G, -1)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from retention.nn.conv import QKVConvCache
-from retention.nn.qkv import conv_cache_bytes, select_kept, trail_segment_ids
+from retention.nn.qkv import conv_cache_bytes, per_token_segment_ids, select_kept
 from retention.ops import context_parallel_size, init_matrix_state
 from retention.validation import check_int
 
@@ -53,11 +53,11 @@ def step_states(step_op, state, args: tuple, segment_ids) -> Float[Array, "T B H
 
 
 def run_mixing(
-    full_op, context_parallel_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, trail
+    full_op, context_parallel_op, step_op, args: tuple, *, cache, conv_cache, segment_ids, chunk_size, per_token
 ):
     """o of full_op(*args) (cache None; under a mesh whose "sequence" axis splits the tokens, its context-parallel
     form `context_parallel_op`) or of step_op(state, *args) continuing the cache: (o, the new cache), or with
-    `trail` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
+    `per_token` (a verify step) the caches after each token, every field stacked [T, ...] (the states by
     `step_states`, conv_cache already the conv caches per token)."""
     if cache is None:
         full_op = context_parallel_op if context_parallel_size() > 1 else full_op
@@ -66,29 +66,45 @@ def run_mixing(
     if segment_ids is not None:
         state = _clear(state, segment_ids[:, 0] != last_id)
     o, new_state = step_op(state, *args, segment_ids=segment_ids, chunk_size=chunk_size)
-    ids_TB = trail_segment_ids(last_id, segment_ids, args[0].shape[1])
-    if trail:
+    ids_TB = per_token_segment_ids(last_id, segment_ids, args[0].shape[1])
+    if per_token:
         return o, MatrixStateCache(step_states(step_op, state, args, segment_ids), ids_TB, conv_cache)
     return o, MatrixStateCache(new_state, ids_TB[-1], conv_cache)
 
 
 class MatrixStateMixer:
-    """What the matrix-state mixers (D, G, M) share past their projections: a prompt prefills as a call with the
-    cache, the cache is `init_matrix_cache` of the mixer's `state_dims` (heads, d_k, d_v) and its `conv`, and a
-    verify step rolls back by `select_kept`."""
+    """The `Mixer` methods of the matrix-state mixers (D, G, M), over the mixer's own `_mix(x, positions,
+    segment_ids, cache, per_token)` (cache None: the full forward; else the step op continuing it, with
+    `per_token` the caches after each token): a prompt prefills as a decode step of it into the empty cache, the
+    cache is `init_matrix_cache` of the mixer's `state_dims` (heads, d_k, d_v) and its `conv`, and a verify step
+    rolls back by `select_kept`."""
 
-    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: MatrixStateCache):
-        """A prompt into a fresh cache: the same as a call with the cache."""
-        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+    def __call__(self, x_BTD, *, positions=None, segment_ids=None):
+        """The full forward: y [B, T, d_model] (the chunked op, or its context-parallel form under a mesh that
+        splits the sequence)."""
+        return self._mix(x_BTD, positions, segment_ids, None, per_token=False)[0]
+
+    def prefill(self, x_BTD, *, positions=None, segment_ids=None, cache: MatrixStateCache):
+        """A prompt into a fresh cache: the same as `decode` from it."""
+        return self.decode(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def decode(self, x_BTD, *, positions=None, segment_ids=None, cache: MatrixStateCache):
+        """T tokens continuing the cache (rows whose first token starts a new document begin from an empty
+        state): (y [B, T, d_model], the new cache)."""
+        return self._mix(x_BTD, positions, segment_ids, cache, per_token=False)
+
+    def verify(self, x_BTD, *, positions=None, segment_ids=None, cache: MatrixStateCache):
+        """A decode step that returns the caches after each token, every field stacked [T, ...] (`run_mixing`)."""
+        return self._mix(x_BTD, positions, segment_ids, cache, per_token=True)
 
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> MatrixStateCache:
         """An empty state [batch, *state_dims] float32, last segment ids 0 [batch], the conv cache in `dtype`
         (None: float32): the same size at any max_len and step_tokens."""
         return init_matrix_cache(batch, max_len, dtype, state_dims=self.state_dims, conv=self.conv)
 
-    def rollback(self, before: MatrixStateCache, trail: MatrixStateCache, kept: Int[Array, ""]) -> MatrixStateCache:
+    def rollback(self, before: MatrixStateCache, verified: MatrixStateCache, kept: Int[Array, ""]) -> MatrixStateCache:
         """The cache after the first `kept` tokens of a verify step (see `qkv.select_kept`)."""
-        return select_kept(before, trail, kept)
+        return select_kept(before, verified, kept)
 
 
 def init_matrix_cache(batch: int, max_len: int, dtype, *, state_dims: tuple[int, int, int], conv) -> MatrixStateCache:

@@ -12,7 +12,8 @@ class MixerKind(NamedTuple):
 
     Attributes:
         name: what the letter stands for.
-        build: build(config, *, rngs) gives the mixer (the interface in docs/DESIGN.md section 3).
+        build: build(config, *, rngs) gives the mixer, a `Mixer` (mixer_interface.py; docs/DESIGN.md, "The
+            mixer interface").
         params: params(config), its parameter count.
         matmul_params: matmul_params(config), the weights that multiply activations, per token.
         mixing_flops: mixing_flops(config, T), forward FLOPs per token of the sequence mixing and the short

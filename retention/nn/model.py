@@ -27,6 +27,7 @@ from jaxtyping import Array, Float, Int
 
 from retention.nn.config import LMConfig
 from retention.nn.layers import SwiGLU, document_positions
+from retention.nn.mixer_interface import MODES, check_mode
 from retention.nn.registry import MIXERS
 from retention.nn.remat import block_runner, checkpoint_policy
 from retention.nn.scan import run_scanned, scan_state, stacked_caches, stacked_periods, unscan_state
@@ -75,14 +76,17 @@ class Block(nnx.Module):
             else None
         )
 
-    def __call__(self, x_BTD, *, positions, segment_ids=None, cache=None, prefill: bool = False, trail: bool = False):
-        """Returns (x [B, T, D], the mixer's new cache): its full forward, prefill or decode step (with `trail`, a
-        verify step: the mixer's per-token caches)."""
+    def __call__(self, x_BTD, *, positions, segment_ids=None, cache=None, mode: str = "forward"):
+        """Returns (x [B, T, D], the mixer's new cache): the mixer's method of `mode` (one of `MODES`: "forward" its
+        `__call__`, cache None and None back; "prefill", "decode" or "verify" from `cache`, the verify step's
+        per-token caches back)."""
         h = self.mixer_norm(x_BTD)
-        run = self.mixer.prefill if prefill else self.mixer
-        options = dict(trail=True) if trail else {}  # only a call takes `trail`: prefill has none
         with jax.named_scope(type(self.mixer).__name__):
-            h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache, **options)
+            if mode == "forward":
+                h = self.mixer(h, positions=positions, segment_ids=segment_ids)
+            else:
+                run = getattr(self.mixer, check_mode(mode))
+                h, cache = run(h, positions=positions, segment_ids=segment_ids, cache=cache)
         x_BTD = x_BTD + h
         if self.mlp is not None:
             x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
@@ -143,34 +147,35 @@ class LM(nnx.Module):
         positions: Int[Array, "*b T"],
         segment_ids: Int[Array, "B T"] | None = None,
         caches=None,
-        prefill: bool = False,
-        trail: bool = False,
+        mode: str = "forward",
     ) -> tuple[Float[Array, "B T V"], tuple | None]:
-        """Blocks, final norm and head from input embeddings. A trail (speculative verification) runs the layers
+        """Blocks, final norm and head from input embeddings, every mixer in `mode`. A verify step runs the layers
         unscanned only.
 
         Args:
             x_BTD: the input embeddings [B, T, d_model].
             positions: RoPE positions [T] or [B, T].
             segment_ids: int [B, T], as in the mixers.
-            caches (tuple | None): `LMCache.layers` to continue from; None: a full forward.
-            prefill: run each mixer's `prefill` into `caches` (fresh ones).
-            trail: a verify step: each mixer returns its caches after each token.
+            caches (tuple | None): `LMCache.layers` to continue from (fresh ones for "prefill"); None for "forward".
+            mode: "forward" (the full forward), "prefill", "decode" or "verify" (each mixer returns its caches after
+                each token); the mixer method each runs (mixer_interface.py).
 
         Returns:
             logits: float32 [B, T, vocab_size].
-            caches: the layers' new caches (or trails), None for a full forward.
+            caches: the layers' new caches (or per-token caches), None for a full forward.
         """
+        if (caches is None) != (check_mode(mode) == "forward"):
+            raise ValueError(f"caches go with the modes {MODES[1:]} and only with them, got mode={mode!r}")
         if self.config.scan_layers:
-            if trail:
-                raise ValueError("a verify step (trail=True) needs scan_layers=False; convert_layers(model, False)")
+            if mode == "verify":
+                raise ValueError("a verify step needs scan_layers=False; convert_layers(model, False)")
             x_BTD, new_caches = run_scanned(
                 self.periods,
                 x_BTD,
                 positions=positions,
                 segment_ids=segment_ids,
                 caches=caches,
-                prefill=prefill,
+                mode=mode,
                 remat_policy=self.config.remat_policy,
             )
         else:
@@ -179,12 +184,12 @@ class LM(nnx.Module):
             new_caches = []
             for i, (block, cache) in enumerate(zip(self.blocks, layer_caches)):
                 with jax.named_scope(f"layer{i}"):
-                    if trail:
+                    if mode == "verify":  # outside remat: a verify step is never differentiated
                         x_BTD, cache = block(
-                            x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, trail=True
+                            x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, mode=mode
                         )
                     else:
-                        x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, prefill)
+                        x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, mode)
                 new_caches.append(cache)
             new_caches = None if caches is None else tuple(new_caches)
         x_BTD = self.final_norm(x_BTD)
@@ -290,7 +295,7 @@ class LM(nnx.Module):
 
     def verify_step(self, tokens_BN: Int[Array, "B n"], caches: LMCache) -> tuple[Float[Array, "B n V"], tuple]:
         """A decode step of n tokens continuing each row's document that keeps what a rollback needs (compiled once per
-        shape); `rollback` turns its trails into the caches after the first m tokens.
+        shape); `rollback` turns its per-token caches into the caches after the first m tokens.
 
         Args:
             tokens_BN: the tokens to check [B, n].
@@ -298,26 +303,26 @@ class LM(nnx.Module):
 
         Returns:
             logits: [B, n, vocab_size], float32.
-            trails: the layers' trails: each mixer's caches after each token, from the one step.
+            verified: each layer's `verify` caches (each mixer's caches after each token), from the one step.
         """
         _check_tokens(tokens_BN, self.config.vocab_size)
         graphdef, state = nnx.split(self)
         return _verify(graphdef, state, tokens_BN, caches)
 
-    def rollback(self, caches: LMCache, trails: tuple, kept) -> LMCache:
+    def rollback(self, caches: LMCache, verified: tuple, kept) -> LMCache:
         """The caches after the first `kept` tokens of `verify_step(tokens, caches)`, equal to those of a decode step
         of just those tokens (float32 rounding) without running them again.
 
         Args:
             caches: the caches `verify_step` started from.
-            trails: what it returned beside the logits.
+            verified: what it returned beside the logits.
             kept (int | Array): the tokens to keep, 0..n.
 
         Returns:
             The caches after those tokens.
         """
         graphdef, state = nnx.split(self)
-        return _rollback(graphdef, state, caches, trails, jnp.asarray(kept, jnp.int32))
+        return _rollback(graphdef, state, caches, verified, jnp.asarray(kept, jnp.int32))
 
     def param_count(self) -> int:
         """The number of parameters (all nnx.Param leaves).
@@ -385,7 +390,7 @@ def _prefill(graphdef, state, tokens_BT, segment_ids_BT, *, max_len, step_tokens
         positions, last_id = document_positions(segment_ids_BT), segment_ids_BT[:, -1].astype(jnp.int32)
     x_BTD = model.embed(tokens_BT)
     logits, layers = model.forward_embeddings(
-        x_BTD, positions=positions, segment_ids=segment_ids_BT, caches=fresh.layers, prefill=True
+        x_BTD, positions=positions, segment_ids=segment_ids_BT, caches=fresh.layers, mode="prefill"
     )
     length = jnp.asarray(T, jnp.int32)
     return logits, LMCache(layers=layers, length=length, segment_id=last_id, position=positions[:, -1] + 1)
@@ -401,7 +406,7 @@ def _decode(graphdef, state, tokens_BN, segment_ids_BN, caches: LMCache):
         positions = document_positions(segment_ids_BN, caches.segment_id, caches.position)
         last_id = segment_ids_BN[:, -1].astype(jnp.int32)
     logits, layers = model.forward_embeddings(
-        model.embed(tokens_BN), positions=positions, segment_ids=segment_ids_BN, caches=caches.layers
+        model.embed(tokens_BN), positions=positions, segment_ids=segment_ids_BN, caches=caches.layers, mode="decode"
     )
     caches = LMCache(layers=layers, length=caches.length + n, segment_id=last_id, position=positions[:, -1] + 1)
     return logits, caches
@@ -411,11 +416,12 @@ def _decode(graphdef, state, tokens_BN, segment_ids_BN, caches: LMCache):
 def _verify(graphdef, state, tokens_BN, caches: LMCache):
     model = nnx.merge(graphdef, state)
     positions = caches.position[:, None] + jnp.arange(tokens_BN.shape[1], dtype=jnp.int32)
-    return model.forward_embeddings(model.embed(tokens_BN), positions=positions, caches=caches.layers, trail=True)
+    embeddings = model.embed(tokens_BN)
+    return model.forward_embeddings(embeddings, positions=positions, caches=caches.layers, mode="verify")
 
 
 @partial(jax.jit, static_argnames=("graphdef",))
-def _rollback(graphdef, state, caches: LMCache, trails: tuple, kept):
+def _rollback(graphdef, state, caches: LMCache, verified: tuple, kept):
     model = nnx.merge(graphdef, state)
-    layers = tuple(b.mixer.rollback(c, t, kept) for b, c, t in zip(model.blocks, caches.layers, trails))
+    layers = tuple(b.mixer.rollback(c, v, kept) for b, c, v in zip(model.blocks, caches.layers, verified))
     return caches._replace(layers=layers, length=caches.length + kept, position=caches.position + kept)

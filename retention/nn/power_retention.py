@@ -1,10 +1,11 @@
 """The power-retention mixer (layer letter P) and its registry entry.
 
-`__call__(x, *, positions=None, segment_ids=None, cache=None) -> (y, cache)` (positions: RoPE's, needed only with a
-rope_base; the recipe has none): cache=None is one full-sequence forward (the context-parallel op under a mesh whose
-"sequence" axis splits the tokens); with a cache the T tokens continue the sequence it holds, as one call of the step op
-(`power_retention_step`: one chunk against the state up to the chunk size, the chunked op from the state beyond);
-`prefill` is the same call into an empty cache.
+The `Mixer` methods (mixer_interface.py; positions: RoPE's, needed only with a rope_base; the recipe has none):
+`__call__(x, *, positions=None, segment_ids=None) -> y` is one full-sequence forward (the context-parallel op under
+a mesh whose "sequence" axis splits the tokens); `decode(x, *, ..., cache) -> (y, cache)` continues the sequence the
+cache holds, as one call of the step op (`power_retention_step`: one chunk against the state up to the chunk size,
+the chunked op from the state beyond); `prefill` is the same into an empty cache; `verify` keeps the caches after
+each token.
 Its cache is a RetentionCache: the RetentionState (S [B, H, D, d], z [B, H, D], float32, the same size at any
 length), each row's last segment id and, with `conv_size`, the short convolution's last conv_size - 1 inputs and
 their segment ids. With a cache, segment_ids None continues each row's document; a step whose first token has an
@@ -25,10 +26,10 @@ from retention.nn.qkv import (
     conv_cache_bytes,
     conv_taps,
     mixer_options,
+    per_token_segment_ids,
     project_qkv,
     qkv_part_params,
     qkvo_weights,
-    trail_segment_ids,
 )
 from retention.nn.rope import RopeScaling
 from retention.ops import (
@@ -146,69 +147,108 @@ class PowerRetention(QKVMixer):
         *,
         positions: Int[Array, "*b T"] | None = None,
         segment_ids: Int[Array, "B T"] | None = None,
-        cache: RetentionCache | None = None,
-        trail: bool = False,
-    ) -> tuple[Float[Array, "B T D"], RetentionCache | None]:
-        """Full forward, or T tokens continuing the cache.
-
-        A full forward (cache None) runs the op, or its context-parallel form under a mesh that splits the
-        sequence; with a cache the step op runs, and rows whose first token starts a new document begin from an
-        empty state.
+    ) -> Float[Array, "B T D"]:
+        """The full forward: the op, or its context-parallel form under a mesh that splits the sequence.
 
         Args:
             x_BTD: the normalised residual stream [B, T, d_model].
             positions: RoPE positions [T] or [B, T]; unused without RoPE.
             segment_ids: int [B, T]: packed documents; they enter the model here, and only here.
-            cache: the layer's cache to continue; None: a full forward.
-            trail: a verify step: return the caches after each token instead.
 
         Returns:
             y: [B, T, d_model].
-            cache: the new cache, or None for a full forward; with `trail` the caches after each token, every field
-                stacked [T, ...]: the states from the one chunk (`chunk_states`, T D (d + 1) float32 per kv-head)
-                and the conv caches per token.
         """
-        T = x_BTD.shape[1]
-        decode = cache is not None
-        conv = cache.conv if decode else None
-        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, conv, decode, trail=trail)
-        log_g = None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
-        deg, chunk_size, impl = self.deg, self.chunk_size, self.impl
-        if decode:
-            state, last_id = cache.state, cache.segment_id
-            if segment_ids is not None:
-                state = clear_rows(state, segment_ids[:, 0] != last_id)
-                last_id = segment_ids[:, -1].astype(jnp.int32)
-            step_ids = segment_ids if T > 1 else None  # one token holds no document start
-            y, new_state = power_retention_step(
-                state, q, k, v, log_g, segment_ids=step_ids, deg=deg, chunk_size=chunk_size, impl=impl
-            )
-            if trail:
-                states = chunk_states(state, k, v, log_g, segment_ids=step_ids, deg=deg)
-                return self.out(y), RetentionCache(states, trail_segment_ids(last_id, segment_ids, T), conv_cache)
-            cache = RetentionCache(new_state, last_id, conv_cache)
-        elif context_parallel_size() > 1:
-            y = power_retention_context_parallel(
-                q, k, v, log_g, segment_ids=segment_ids, deg=deg, chunk_size=chunk_size, impl=impl
-            )
+        q, k, v, _ = project_qkv(self, x_BTD, positions, segment_ids)
+        log_g = self._log_g(x_BTD)
+        options = dict(segment_ids=segment_ids, deg=self.deg, chunk_size=self.chunk_size, impl=self.impl)
+        if context_parallel_size() > 1:
+            y = power_retention_context_parallel(q, k, v, log_g, **options)
         else:
-            y = power_retention(q, k, v, log_g, segment_ids=segment_ids, deg=deg, chunk_size=chunk_size, impl=impl)
-        return self.out(y), cache
+            y = power_retention(q, k, v, log_g, **options)
+        return self.out(y)
 
-    def prefill(self, x_BTD, *, positions, segment_ids=None, cache: RetentionCache):
-        """A prompt into a fresh cache: the same as a call with the cache (the step op: one chunk against the state
-        up to the chunk size, the chunked op from the state beyond).
+    def prefill(self, x_BTD, *, positions=None, segment_ids=None, cache: RetentionCache):
+        """A prompt into a fresh cache: the same as `decode` from it (the step op: one chunk against the state up to
+        the chunk size, the chunked op from the state beyond).
 
         Args:
             x_BTD (Array): the prompt's normalised residual stream [B, T, d_model].
-            positions (Array): RoPE positions [T] or [B, T].
+            positions (Array | None): RoPE positions [T] or [B, T].
             segment_ids (Array | None): int [B, T], or None.
             cache: an empty cache (`init_cache`).
 
         Returns:
             (tuple[Array, RetentionCache]): y [B, T, d_model] and the filled cache.
         """
-        return self(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+        return self.decode(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache)
+
+    def decode(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"] | None = None,
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: RetentionCache,
+    ) -> tuple[Float[Array, "B T D"], RetentionCache]:
+        """T tokens continuing the cache, as one call of the step op; rows whose first token starts a new document
+        begin from an empty state.
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T]; unused without RoPE.
+            segment_ids: int [B, T], or None: each row's document continues.
+            cache: the layer's cache to continue.
+
+        Returns:
+            y: [B, T, d_model].
+            cache: the new cache.
+        """
+        return self._step(x_BTD, positions, segment_ids, cache, per_token=False)
+
+    def verify(
+        self,
+        x_BTD: Float[Array, "B T D"],
+        *,
+        positions: Int[Array, "*b T"] | None = None,
+        segment_ids: Int[Array, "B T"] | None = None,
+        cache: RetentionCache,
+    ) -> tuple[Float[Array, "B T D"], RetentionCache]:
+        """A decode step that returns the caches after each token, every field stacked [T, ...]: the states from the
+        one chunk (`chunk_states`, T D (d + 1) float32 per kv-head) and the conv caches per token.
+
+        Args:
+            x_BTD: the normalised residual stream [B, T, d_model].
+            positions: RoPE positions [T] or [B, T]; unused without RoPE.
+            segment_ids: int [B, T], or None.
+            cache: the layer's cache before the T tokens.
+
+        Returns:
+            y: [B, T, d_model], as `decode`'s.
+            per_token: the caches after each token (for `rollback`).
+        """
+        return self._step(x_BTD, positions, segment_ids, cache, per_token=True)
+
+    def _log_g(self, x_BTD):
+        return None if self.gate_proj is None else jax.nn.log_sigmoid(self.gate_proj(x_BTD))
+
+    def _step(self, x_BTD, positions, segment_ids, cache: RetentionCache, *, per_token: bool):
+        """`decode` (per_token False) or `verify` (True)."""
+        T = x_BTD.shape[1]
+        q, k, v, conv_cache = project_qkv(self, x_BTD, positions, segment_ids, cache.conv, conv_per_token=per_token)
+        log_g = self._log_g(x_BTD)
+        deg, chunk_size, impl = self.deg, self.chunk_size, self.impl
+        state, last_id = cache.state, cache.segment_id
+        if segment_ids is not None:
+            state = clear_rows(state, segment_ids[:, 0] != last_id)
+            last_id = segment_ids[:, -1].astype(jnp.int32)
+        step_ids = segment_ids if T > 1 else None  # one token holds no document start
+        y, new_state = power_retention_step(
+            state, q, k, v, log_g, segment_ids=step_ids, deg=deg, chunk_size=chunk_size, impl=impl
+        )
+        if per_token:
+            states = chunk_states(state, k, v, log_g, segment_ids=step_ids, deg=deg)
+            return self.out(y), RetentionCache(states, per_token_segment_ids(last_id, segment_ids, T), conv_cache)
+        return self.out(y), RetentionCache(new_state, last_id, conv_cache)
 
     def init_cache(self, batch: int, max_len: int, dtype=None, *, step_tokens: int = 1) -> RetentionCache:
         """An empty cache; its size does not depend on max_len or step_tokens (taken for the common mixer interface).

@@ -155,10 +155,10 @@ class QKVMixer(nnx.Module):
             heads, kv_heads, head_dim, conv_size, qk_norm, norm_eps=norm_eps, **options
         )
 
-    def rollback(self, before, trail, kept: Int[Array, ""]):
-        """The cache after the first `kept` (0..T) tokens of a verify step from the cache `before`, given the step's
-        trail (the call with `trail=True`: every cache field stacked per token, [T, ...]); see `select_kept`."""
-        return select_kept(before, trail, kept)
+    def rollback(self, before, verified, kept: Int[Array, ""]):
+        """The cache after the first `kept` (0..T) tokens of a verify step from the cache `before`, given what the
+        step returned (`verify`: every cache field stacked per token, [T, ...]); see `select_kept`."""
+        return select_kept(before, verified, kept)
 
     def out(self, y_BTHd: Float[Array, "B T Hq d"]) -> Float[Array, "B T D"]:
         """The output projection of the op's heads (named "o_proj" for the remat policies, remat.py)."""
@@ -167,19 +167,20 @@ class QKVMixer(nnx.Module):
         return checkpoint_name(self.o_proj(y_BTHd.reshape(B, T, self.heads * self.head_dim)), "o_proj")
 
 
-def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, *, trail: bool = False):
+def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache=None, *, conv_per_token: bool = False):
     """q [B, T, Hq, d], k and v [B, T, H, d] of either mixer: projections, the short convolution (continuing
-    `conv_cache` when decoding; within each document of segment_ids [B, T] or None), QK RMSNorm and RoPE as
-    configured (positions may be None without RoPE); and the new conv cache (None when not decoding or without a
-    convolution), or with `trail` the conv caches after each token stacked [T, ...] (`QKVConv.trail`). The
-    projections' outputs are named "q_proj", "k_proj" and "v_proj" for the remat policies (remat.py)."""
+    `conv_cache` when given, a decode step's or a prefill's; within each document of segment_ids [B, T] or None),
+    QK RMSNorm and RoPE as configured (positions may be None without RoPE); and the new conv cache (None without
+    one, or without a convolution), or with `conv_per_token` (a verify step) the conv caches after each token
+    stacked [T, ...] (`QKVConv.per_token_caches`). The projections' outputs are named "q_proj", "k_proj" and
+    "v_proj" for the remat policies (remat.py)."""
     B, T, _ = x_BTD.shape
     q, k, v = (checkpoint_name(getattr(mixer, n)(x_BTD), n) for n in ("q_proj", "k_proj", "v_proj"))
-    conv_trail = None
-    if mixer.conv is not None and trail:
-        conv_trail = mixer.conv.trail(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache)
+    conv_per_token_caches = None
+    if mixer.conv is not None and conv_per_token:
+        conv_per_token_caches = mixer.conv.per_token_caches(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache)
     if mixer.conv is not None:
-        q, k, v, conv_cache = mixer.conv(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache if decode else None)
+        q, k, v, conv_cache = mixer.conv(q, k, v, segment_ids_BT=segment_ids, cache=conv_cache)
     q = constrain(q.reshape(B, T, mixer.heads, mixer.head_dim), BTHD)
     k = constrain(k.reshape(B, T, mixer.kv_heads, mixer.head_dim), BTKD)
     v = constrain(v.reshape(B, T, mixer.kv_heads, mixer.head_dim), BTKD)
@@ -192,17 +193,18 @@ def project_qkv(mixer, x_BTD, positions, segment_ids, conv_cache, decode: bool, 
             )
         rope = lambda x: apply_rope(x, positions, mixer.rope_base, mixer.rope_scaling)
         q, k = rope(q), rope(k)
-    return q, k, v, conv_trail if trail else conv_cache
+    return q, k, v, conv_per_token_caches if conv_per_token else conv_cache
 
 
-def select_kept(before, trail, kept: Int[Array, ""]):
-    """Entry kept - 1 of every leaf of a per-token stacked cache `trail` ([T, ...]), or `before` when kept is 0."""
+def select_kept(before, per_token, kept: Int[Array, ""]):
+    """Entry kept - 1 of every leaf of a per-token stacked cache `per_token` ([T, ...]), or `before` when kept is
+    0."""
     index = jnp.maximum(kept - 1, 0)
     pick = lambda b, t: jnp.where(kept == 0, b, jax.lax.dynamic_index_in_dim(t, index, keepdims=False))
-    return jax.tree.map(pick, before, trail)
+    return jax.tree.map(pick, before, per_token)
 
 
-def trail_segment_ids(last_id_B: Int[Array, " B"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
+def per_token_segment_ids(last_id_B: Int[Array, " B"], segment_ids_BT: Int[Array, "B T"] | None, T: int):
     """Each row's last segment id after each of a step's T tokens, [T, B]: the step's ids, or (None) the row's."""
     if segment_ids_BT is None:
         return jnp.broadcast_to(last_id_B, (T,) + last_id_B.shape)

@@ -1,6 +1,7 @@
 """The mixer registry: one line per layer letter. The LM builds each layer from it, and the sizing
 (sizing.py), the cache accounting, the comparison and the docs read their formulas from it, so a new mixer is an
-op folder under retention/ops/, a mixer module here that defines its class and its MixerKind, and one line below."""
+op folder under retention/ops/, a mixer module here that defines its class (a `Mixer`, mixer_interface.py) and its
+MixerKind, and one line below."""
 
 from retention.nn.attention import FULL_ATTENTION, SLIDING_WINDOW
 from retention.nn.gated_deltanet import GATED_DELTANET

@@ -47,12 +47,12 @@ def checkpoint_policy(policy: str):
 
 
 def block_runner(policy: str, *, scanned: bool):
-    """`run(block, x, positions, segment_ids, cache, prefill) -> (x, cache)`: one block's call under `nnx.remat`
+    """`run(block, x, positions, segment_ids, cache, mode) -> (x, cache)`: one block's call under `nnx.remat`
     with the policy (a plain call for "none"). Inside a scan common subexpressions need no protection (JAX's advice
     for remat in a loop body), so prevent_cse is off there."""
 
-    def run(block, x_BTD, positions, segment_ids, cache, prefill: bool):
-        return block(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, prefill=prefill)
+    def run(block, x_BTD, positions, segment_ids, cache, mode: str):
+        return block(x_BTD, positions=positions, segment_ids=segment_ids, cache=cache, mode=mode)
 
     if policy == "none":
         return run

@@ -37,13 +37,14 @@ class Period(nnx.Module):
     def __init__(self, config, block_type, *, rngs: nnx.Rngs):
         self.blocks = nnx.List([block_type(config, kind, rngs=rngs) for kind in config.pattern])
 
-    def __call__(self, x_BTD, *, positions, segment_ids, caches, prefill: bool, run):
-        """x [B, T, D] through the period's blocks; caches: one per block or None. Returns (x, new caches)."""
+    def __call__(self, x_BTD, *, positions, segment_ids, caches, mode: str, run):
+        """x [B, T, D] through the period's blocks in `mode` (the Block's); caches: one per block or None. Returns
+        (x, new caches)."""
         caches = (None,) * len(self.blocks) if caches is None else caches
         new = []
         for j, (block, cache) in enumerate(zip(self.blocks, caches)):
             with jax.named_scope(f"period_block{j}"):
-                x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, prefill)
+                x_BTD, cache = run(block, x_BTD, positions, segment_ids, cache, mode)
             new.append(cache)
         return x_BTD, tuple(new)
 
@@ -61,9 +62,9 @@ def stacked_periods(config, block_type, *, rngs: nnx.Rngs) -> Period:
     return make(rngs)
 
 
-def run_scanned(periods: Period, x_BTD, *, positions, segment_ids, caches, prefill: bool, remat_policy: str):
-    """x [B, T, D] through every repeat of the stacked `periods` in order (nnx.scan; caches None, or one per letter
-    of the period stacked over the repeats). Returns (x, the new stacked caches or None)."""
+def run_scanned(periods: Period, x_BTD, *, positions, segment_ids, caches, mode: str, remat_policy: str):
+    """x [B, T, D] through every repeat of the stacked `periods` in order, every mixer in `mode` (nnx.scan; caches
+    None, or one per letter of the period stacked over the repeats). Returns (x, the new stacked caches or None)."""
     run = block_runner(remat_policy, scanned=True)
 
     @nnx.scan(
@@ -72,9 +73,7 @@ def run_scanned(periods: Period, x_BTD, *, positions, segment_ids, caches, prefi
         transform_metadata={nnx.PARTITION_NAME: "layers"},
     )
     def body(x_BTD, period, layer_caches, positions, segment_ids):
-        return period(
-            x_BTD, positions=positions, segment_ids=segment_ids, caches=layer_caches, prefill=prefill, run=run
-        )
+        return period(x_BTD, positions=positions, segment_ids=segment_ids, caches=layer_caches, mode=mode, run=run)
 
     x_BTD, new = body(x_BTD, periods, caches, positions, segment_ids)
     return x_BTD, None if caches is None else new

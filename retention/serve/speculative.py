@@ -85,11 +85,11 @@ def verify(target: LM, snapshot: Snapshot, tokens_1n) -> Verified:
         )
     tokens_1n = jnp.asarray(tokens_1n, jnp.int32)
     check_room(target.config, int(snapshot.caches.length), k + 1, snapshot.max_len, f"k + 1 = {k + 1} tokens")
-    logits, trails = target.verify_step(tokens_1n, snapshot.caches)
+    logits, verified = target.verify_step(tokens_1n, snapshot.caches)
     choices = np.asarray(jnp.argmax(logits[0], axis=-1))
     drafts = np.asarray(tokens_1n[0, 1:])
     accepted = int(np.argmin(np.append(choices[:k] == drafts, False)))
-    caches = target.rollback(snapshot.caches, trails, accepted + 1)
+    caches = target.rollback(snapshot.caches, verified, accepted + 1)
     return Verified(choices, accepted, dataclasses.replace(snapshot, caches=caches, logits=logits[:, accepted]))
 
 

@@ -140,12 +140,14 @@ def speculative_round(
             return (draft_c, token), (logits[0, -1], token, draft_c)
 
         steps = jax.random.split(key_drafts, k + 1)  # k + 1 steps: the last feeds d_k (the caches if all accepted)
-        _, (draft_logits, drafts, draft_trail) = jax.lax.scan(draft_step, (draft_cache, first), steps)
+        _, (draft_logits, drafts, draft_step_caches) = jax.lax.scan(draft_step, (draft_cache, first), steps)
         drafts, draft_logits = drafts[:k], draft_logits[:k]
-        target_logits, trails = model.verify_step(jnp.concatenate([first[None], drafts])[None], cache)
+        target_logits, verified = model.verify_step(jnp.concatenate([first[None], drafts])[None], cache)
         accepted, token = accept_drafts(target_logits[0], draft_logits, drafts, key_accept, temperature, top_k)
-        kept = model.rollback(cache, trails, accepted + 1)
-        draft_kept = jax.tree.map(lambda t: jax.lax.dynamic_index_in_dim(t, accepted, keepdims=False), draft_trail)
+        kept = model.rollback(cache, verified, accepted + 1)
+        draft_kept = jax.tree.map(
+            lambda t: jax.lax.dynamic_index_in_dim(t, accepted, keepdims=False), draft_step_caches
+        )
         return first, drafts, accepted, token, kept, draft_kept
 
     keys = jax.vmap(jax.random.fold_in)(key_S, count_S)

@@ -49,8 +49,8 @@ def teacher_pass(teacher: LM, student: LM, batch: dict, layers: tuple[int, ...])
     for i, block in enumerate(teacher.blocks):
         if i in layers:
             h_BTD = jax.lax.stop_gradient(block.mixer_norm(x_BTD))
-            want = jax.lax.stop_gradient(block.mixer(h_BTD, positions=positions, segment_ids=segment_ids)[0])
-            got = student.blocks[i].mixer(h_BTD, positions=positions, segment_ids=segment_ids)[0]
+            want = jax.lax.stop_gradient(block.mixer(h_BTD, positions=positions, segment_ids=segment_ids))
+            got = student.blocks[i].mixer(h_BTD, positions=positions, segment_ids=segment_ids)
             mse.append(jnp.mean(jnp.square(got.astype(jnp.float32) - want.astype(jnp.float32))))
         x_BTD = jax.lax.stop_gradient(block(x_BTD, positions=positions, segment_ids=segment_ids)[0])
     x_BTD = teacher.final_norm(x_BTD)

@@ -34,7 +34,7 @@ def mixer_output(config: LMConfig, letter: str, x_BTD, positions):
     """The first `letter` layer's mixer of LM(config) on x at the given RoPE positions."""
     model = LM(config, rngs=nnx.Rngs(0))
     block = next(b for b, kind in zip(model.blocks, config.layer_kinds) if kind == letter)
-    return block.mixer(x_BTD, positions=positions)[0]
+    return block.mixer(x_BTD, positions=positions)
 
 
 def test_power_retention_has_no_rope_by_default_and_softmax_keeps_it():
@@ -168,7 +168,7 @@ def test_the_modules_alone_follow_the_recipe():
     mixers = [mixer, GatedDeltaNet(32, **dims, rngs=nnx.Rngs(0)), GatedLinearAttention(32, **dims, rngs=nnx.Rngs(0))]
     mixers.append(Mamba2(32, head_dim=8, state_size=4, rngs=nnx.Rngs(0)))
     for m in mixers:
-        y, _ = m(x)
+        y = m(x)
         assert y.shape == x.shape and np.isfinite(np.asarray(y)).all(), type(m).__name__
     with pytest.raises(ValueError, match=r"positions \(the tokens' RoPE positions"):
         PowerRetention(32, **dims, rope_base=1e4, rngs=nnx.Rngs(0))(x)

@@ -77,7 +77,7 @@ def test_mixer_equals_the_papers_token_loop_on_each_document():
     T = sum(lengths[0])
     x = rng.standard_normal((2, T, D_MODEL)).astype(np.float32)
     segment_ids = jnp.asarray([np.repeat(np.arange(len(r)) * 3 + 1, r) for r in lengths], jnp.int32)
-    y, _ = jax.jit(lambda m, x, s: m(x, positions=jnp.arange(T), segment_ids=s))(mixer, jnp.asarray(x), segment_ids)
+    y = jax.jit(lambda m, x, s: m(x, positions=jnp.arange(T), segment_ids=s))(mixer, jnp.asarray(x), segment_ids)
     w = _weights(mixer)
     want = np.zeros((2, T, D_MODEL))
     for b, row in enumerate(lengths):
