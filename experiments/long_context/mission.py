@@ -113,16 +113,15 @@ def mission_markdown(rows: list[dict], lengths: list[int], text: dict, recalls: 
     L = text["length"]
     lo, hi = next(r["last_bucket"][:2] for r in rows if r["last_bucket"])
     header = ["model", f"bpb, all {tokens(L)}", f"bpb, [{tokens(lo)}, {tokens(hi)})"]
-    header += [f"MQAR @{tokens(n)}" for n in lengths] + [f"passkey @{tokens(n)}" for n in lengths]
+    tasks = [task for task in TASK_METRICS if any(row[task] for row in rows)]  # a task no result read: no columns
+    header += [f"{'MQAR' if task == 'mqar' else task} @{tokens(n)}" for task in tasks for n in lengths]
     header += [f"caches at {tokens(L)}", "read s / token"]
     table = []
     for row in rows:
         number = lambda v, f: "-" if v is None else f.format(v)
         cells = [row["label"], number(row["bits_per_byte"], "{:.3f}")]
         cells.append("-" if row["last_bucket"] is None else f"{row['last_bucket'][2]:.3f}")
-        cells += [_spread_cell(row["mqar"].get(n)) for n in lengths] + [
-            _spread_cell(row["passkey"].get(n)) for n in lengths
-        ]
+        cells += [_spread_cell(row[task].get(n)) for task in tasks for n in lengths]
         cells.append("-" if row["cache_bytes"] is None else human_bytes(row["cache_bytes"]))
         cells.append(number(None if row["seconds_per_token"] is None else row["seconds_per_token"] * 1e6, "{:.0f} us"))
         table.append(cells)

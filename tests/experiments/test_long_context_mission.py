@@ -122,3 +122,13 @@ def test_a_missing_json_is_refused_by_its_flag(tmp_path):
         main(["mission", "--text", str(text), "--recall", str(tmp_path / "nope.json")])
     with pytest.raises(ValueError, match="--text must be a JSON this command wrote"):
         main(["mission", "--text", str(tmp_path), "--recall", str(text)])
+
+
+def test_a_task_no_result_read_has_no_columns(tmp_path):
+    text, recall = tmp_path / "text.json", tmp_path / "mqar.json"
+    text.write_text(json.dumps(TEXT))
+    recall.write_text(json.dumps(RECALLS[0]))  # MQAR rows only
+    out = tmp_path / "mission.md"
+    main(["mission", "--text", str(text), "--recall", str(recall), "--out", str(out)])
+    header = next(line for line in out.read_text().splitlines() if line.startswith("| model"))
+    assert "MQAR @256 | MQAR @1k |" in header and "passkey" not in header
