@@ -62,9 +62,9 @@ def accept_drafts(target_logits_nV, draft_logits_kV, drafts_k, key, temperature,
         top_k (Array): the row's top_k (V: all).
 
     Returns:
-        (accepted: int32 [], 0..k; next: int32 [], the replacement for the first rejected draft, drawn from
-        normalize(max(0, p - q)), or when all are accepted a draw from the target's last distribution; greedy: the
-        target's argmax there).
+        (tuple[Array, Array]): accepted, int32 [] in 0..k; and next, int32 [], the replacement for the first
+            rejected draft, drawn from normalize(max(0, p - q)), or when all are accepted a draw from the target's
+            last distribution (greedy: the target's argmax there).
     """
     k = drafts_k.shape[0]
     rows = lambda x, n: jnp.broadcast_to(x, (n,))  # one row's settings for each of its n positions
