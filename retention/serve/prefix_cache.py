@@ -4,10 +4,12 @@ byte budget with least-recently-used eviction.
 A prefix is a whole number of blocks (`block` tokens each): the trie's node at depth k is the prefix of k blocks,
 its children keyed by the next block's tokens, so `longest` walks a prompt block by block and returns the deepest
 node holding a value. Eviction is LRU over the entries: an entry is used when `put` stores it and when `longest`
-returns it (its ancestors are not touched); storing one past the budget evicts the least recently used until it
-fits, and an entry larger than the whole budget is not stored. A node left with no value and no children is pruned,
-so the trie holds only paths to entries. The cache is owned by one model: `claim` with another owner (the engine
-passes its config and weights digest) drops every entry first, so a value made by another model is never returned.
+returns it, and so are the cached prefixes above it (a shared system prompt's entries stay as recently used as the
+sessions continuing past them, so a session's deeper entries are evicted before the prefix they share); storing
+one past the budget evicts the least recently used until it fits, and an entry larger than the whole budget is not
+stored. A node left with no value and no children is pruned, so the trie holds only paths to entries. The cache is
+owned by one model: `claim` with another owner (the engine passes its config and weights digest) drops every entry
+first, so a value made by another model is never returned.
 Pure Python: what a value is and how its bytes are counted is the caller's (prefix_prefill.py).
 """
 
@@ -101,7 +103,8 @@ class PrefixCache:
         return [tuple(int(t) for t in tokens[i * b : (i + 1) * b]) for i in range(k)]
 
     def longest(self, tokens: Sequence[int]) -> tuple[int, object]:
-        """The longest cached prefix of `tokens` (whole blocks), marked used; counted as a hit or a miss.
+        """The longest cached prefix of `tokens` (whole blocks), marked used with the cached prefixes above it (they
+        before it: it is the most recently used); counted as a hit or a miss.
 
         Args:
             tokens: the prompt's ids.
@@ -119,7 +122,13 @@ class PrefixCache:
         if found is None:
             self._misses += 1
             return 0, None
-        self._lru.move_to_end(id(found))
+        path, above = [], found
+        while above is not None:
+            path.append(above)
+            above = above.parent
+        for used in reversed(path):  # the shortest first, the prefix returned last
+            if used.value is not None:
+                self._lru.move_to_end(id(used))
         self._hits += 1
         self._reused += found.depth * self.block
         return found.depth * self.block, found.value

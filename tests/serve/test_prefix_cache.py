@@ -118,13 +118,17 @@ def test_a_small_budget_is_kept_and_the_least_recently_used_entry_evicted():
 def test_the_lru_order_of_the_trie_itself():
     cache = PrefixCache(30, 2)
     assert cache.put([1, 2], "a", 10) and cache.put([1, 2, 3, 4], "ab", 10) and cache.put([5, 6], "c", 10)
-    assert cache.longest([1, 2, 3, 4, 9]) == (4, "ab")  # the longest; now the most recently used
-    assert cache.put([7, 8], "d", 10)  # evicts [1, 2], the least recently used; [1, 2, 3, 4] stays reachable
+    assert cache.longest([1, 2, 3, 4, 9]) == (4, "ab")  # the longest, and [1, 2] above it: now [5, 6] is oldest
+    assert cache.prefixes() == [2, 2, 4]  # [5, 6], [1, 2], [1, 2, 3, 4]: least recently used first
+    assert cache.put([7, 8], "d", 10)  # evicts [5, 6], not the shared [1, 2] a hit passed through
+    assert cache.longest([5, 6]) == (0, None) and cache.longest([1, 2, 3]) == (2, "a")
+    assert cache.put([1, 2, 3, 4], "ab", 10) and cache.put([7, 8], "d", 10)  # refreshes [7, 8] last
+    assert cache.put([5, 6], "c", 10)  # evicts [1, 2] now, the oldest; [1, 2, 3, 4] stays reachable
     assert cache.longest([1, 2, 3]) == (0, None) and cache.longest([1, 2, 3, 4]) == (4, "ab")
     assert not cache.put([9, 9], "too big", 31) and cache.stats().entries == 3
     assert cache.put([7, 8], "d2", 10) and cache.longest([7, 8]) == (2, "d2")  # replaced, not a second entry
     stats = cache.stats()
-    assert (stats.entries, stats.bytes_held, stats.evictions, stats.hits, stats.misses) == (3, 30, 1, 3, 1)
+    assert (stats.entries, stats.bytes_held, stats.evictions, stats.hits, stats.misses) == (3, 30, 2, 4, 2)
     cache.claim("another model")
     assert cache.stats().entries == 0 and cache.longest([1, 2, 3, 4]) == (0, None)
 
