@@ -1,6 +1,7 @@
 """Import: `load_hf(folder)` turns a Hugging Face checkpoint folder of the Llama family into an LM of softmax
-attention layers (A; W for Mistral's sliding window), or one of transformers' Mamba2 into an LM of Mamba2 layers
-(M, no MLPs: mamba2_in.py), and its tokenizer.
+attention layers (A; W for Mistral's sliding window), one of transformers' Mamba2 into an LM of Mamba2 layers
+(M, no MLPs: mamba2_in.py), or a Qwen3-Next whose layers are all Gated DeltaNet with dense MLPs into an LM of D
+layers (qwen3_next_in.py), and its tokenizer.
 
     model, tokenizer = retention.hf.load_hf("Qwen3-0.6B")
     logits = model(jnp.asarray(tokenizer.encode("def f(x):"))[None])
@@ -24,6 +25,8 @@ from retention.hf.mamba2_in import ARCHITECTURE as MAMBA2
 from retention.hf.mamba2_in import EMBEDDING, mamba2_config_from_hf, pure_from_mamba2, renamed_embedding
 from retention.hf.names import EMBEDDING as LLAMA_EMBEDDING
 from retention.hf.names import own_head, pure_from_llama
+from retention.hf.qwen3_next_in import ARCHITECTURE as QWEN3_NEXT
+from retention.hf.qwen3_next_in import key_heads, pure_from_qwen3_next, qwen3_next_config_from_hf
 from retention.nn import LM, LMConfig
 
 log = logging.getLogger(__name__)
@@ -47,7 +50,8 @@ def build_lm(lm: LMConfig, pure: dict, where: str) -> LM:
 
 def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
     """Import a Hugging Face checkpoint of the Llama family (Llama, Mistral, Qwen2, Qwen3) as an LM of softmax
-    attention layers, or a Mamba2ForCausalLM as an LM of M layers without MLPs; see config_in.py and mamba2_in.py
+    attention layers, a Mamba2ForCausalLM as an LM of M layers without MLPs, or a Qwen3NextForCausalLM whose layers
+    are all Gated DeltaNet with dense MLPs as an LM of D layers; see config_in.py, mamba2_in.py and qwen3_next_in.py
     for what is mapped and what is refused.
 
     ```python
@@ -74,10 +78,12 @@ def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
     if not isinstance(config, dict):
         raise ValueError(f"{config_path} must hold a JSON object, got {type(config).__name__}")
     archs = config.get("architectures")
-    if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES + (MAMBA2,)):
-        raise ValueError(f"{config_path}: architectures must be one of {[*ARCHITECTURES, MAMBA2]}, got {archs!r}")
-    mamba2 = archs == [MAMBA2]
-    lm = (mamba2_config_from_hf if mamba2 else lm_config_from_hf)(config, config_path)
+    if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES + (MAMBA2, QWEN3_NEXT)):
+        known = [*ARCHITECTURES, MAMBA2, QWEN3_NEXT]
+        raise ValueError(f"{config_path}: architectures must be one of {known}, got {archs!r}")
+    mamba2, qwen3_next = archs == [MAMBA2], archs == [QWEN3_NEXT]
+    config_from_hf = {MAMBA2: mamba2_config_from_hf, QWEN3_NEXT: qwen3_next_config_from_hf}
+    lm = config_from_hf.get(archs[0], lm_config_from_hf)(config, config_path)
     tokenizer = read_tokenizer(folder, config)
     tensors = read_weights(folder)
     if mamba2:
@@ -93,6 +99,8 @@ def load_hf(folder: str) -> tuple[LM, HFTokenizer]:
     where = f"the weights in {folder}"
     if mamba2:
         pure = pure_from_mamba2(lm, tensors, where, conv_bias=config.get("use_conv_bias", True))
+    elif qwen3_next:
+        pure = pure_from_qwen3_next(lm, tensors, where, key_heads=key_heads(config))
     else:
         pure = pure_from_llama(lm, tensors, where)
     return build_lm(lm, pure, folder), tokenizer

@@ -16,10 +16,10 @@ chunk_size only the order of the roundings.
 
 import math
 
-import jax.numpy as jnp
 import numpy as np
 
 from retention.hf.config_in import number, refuse_unless, require
+from retention.hf.names import check_tensors
 from retention.nn import LMConfig
 from retention.nn.mamba2 import NORM_EPS
 
@@ -127,8 +127,21 @@ def renamed_embedding(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {EMBEDDING if name == OLD_EMBEDDING else name: x for name, x in tensors.items()}
 
 
-def _conv_taps(weight: np.ndarray, splits: list[int], name: str, where: str) -> list[np.ndarray]:
-    """conv1d.weight [C, 1, K] as the kernels [K, C_i] of x, B and C (channel splits `splits`)."""
+def split_conv1d(weight: np.ndarray, splits: list[int], name: str, where: str) -> list[np.ndarray]:
+    """A depthwise torch Conv1d's weight as the kernels of `causal_conv`, one per channel group.
+
+    Args:
+        weight: the conv1d.weight [C, 1, K] (tap K - 1 reads the current token, as in `causal_conv`).
+        splits: the groups' channel counts (Mamba2's x, B and C; Qwen3-Next's q, k and v), summing to C.
+        name: the tensor's name, for the errors.
+        where: the weights' place, for the errors.
+
+    Returns:
+        The kernels [K, C_i], one per group.
+
+    Raises:
+        ValueError: a weight that is not [sum(splits), 1, K], naming it.
+    """
     if weight.ndim != 3 or weight.shape[1] != 1 or weight.shape[0] != sum(splits):
         raise ValueError(f"{where}: {name} is {list(weight.shape)}, the config's model needs [{sum(splits)}, 1, K]")
     return [np.ascontiguousarray(w[:, 0].T) for w in np.split(weight, np.cumsum(splits)[:-1], axis=0)]
@@ -161,24 +174,13 @@ def pure_from_mamba2(lm: LMConfig, tensors: dict[str, np.ndarray], where: str, *
         ValueError: tensors missing, not of this model or not floating-point, naming them.
     """
     wanted = [n for n in mamba2_names(lm) if conv_bias or not n.endswith("conv1d.bias")]
-    skipped = {"lm_head.weight"} if lm.tie_embeddings else set()
-    extra, missing = sorted(tensors.keys() - set(wanted) - skipped), sorted(set(wanted) - tensors.keys())
-    if missing or extra:
-        raise ValueError(
-            f"{where} does not hold the tensors of this model (config.json's): missing {missing[:4]}"
-            f"{' ...' if len(missing) > 4 else ''}, not of it {extra[:4]}{' ...' if len(extra) > 4 else ''}"
-        )
-    if not_float := [n for n in wanted if not jnp.issubdtype(tensors[n].dtype, jnp.floating)]:
-        raise ValueError(
-            f"{where}: {not_float[0]} is {tensors[not_float[0]].dtype}, not a floating-point tensor (integer or "
-            f"quantized weights are not imported; tensors that are not float: {not_float[:4]})"
-        )
+    check_tensors(tensors, wanted, {"lm_head.weight"} if lm.tie_embeddings else set(), where)
     d_inner, bc = lm.ssm_expand * lm.d_model, lm.ssm_groups * lm.ssm_state_size
     blocks = {}
     for i in range(lm.n_layers):
         get = lambda name, i=i: tensors[f"backbone.layers.{i}.mixer.{name}"]
         conv_name = f"backbone.layers.{i}.mixer.conv1d.weight"
-        x_taps, b_taps, c_taps = _conv_taps(tensors[conv_name], [d_inner, bc, bc], conv_name, where)
+        x_taps, b_taps, c_taps = split_conv1d(tensors[conv_name], [d_inner, bc, bc], conv_name, where)
         bias = get("conv1d.bias") if conv_bias else np.zeros((d_inner + 2 * bc,), np.float32)
         mixer = dict(
             in_proj=dict(kernel=get("in_proj.weight").T),

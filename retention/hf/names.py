@@ -49,26 +49,40 @@ def own_head(tensors: dict[str, np.ndarray], embedding: str = EMBEDDING) -> bool
     return head is not None and not (embedding is not None and np.array_equal(head, embedding))
 
 
-def pure_from_llama(lm: LMConfig, tensors: dict[str, np.ndarray], where: str) -> dict:
-    """The unscanned LM's parameters as a pure dict (nnx.to_pure_dict's nesting) from Llama-layout `tensors`;
-    ValueError naming `where` and the tensors missing, not of this model or not floating-point (an lm_head equal to the
-    tied embedding and RoPE's saved frequencies are skipped)."""
-    table = llama_table(lm)
-    wanted = {name for _, name, _ in table}
-    skipped = {"lm_head.weight"} if lm.tie_embeddings and not own_head(tensors) else set()
-    extra = sorted(n for n in tensors.keys() - wanted - skipped if not n.endswith(IGNORED))
-    missing = sorted(wanted - tensors.keys())
+def check_tensors(tensors: dict[str, np.ndarray], wanted: list[str], skipped: set[str], where: str) -> None:
+    """That `tensors` are a checkpoint's of the model whose tensor names are `wanted`, every one floating-point.
+
+    Args:
+        tensors: the checkpoint's tensors by name.
+        wanted: the names the model reads.
+        skipped: names that may be there and are not read (a tied head, saved RoPE frequencies, ...).
+        where: the weights' place, for the errors.
+
+    Raises:
+        ValueError: naming `where` and the tensors missing or not of this model, or the first that is not
+            floating-point (integer or quantized weights are not imported).
+    """
+    extra, missing = sorted(tensors.keys() - set(wanted) - skipped), sorted(set(wanted) - tensors.keys())
     if missing or extra:
         raise ValueError(
             f"{where} does not hold the tensors of this model (config.json's): missing {missing[:4]}"
             f"{' ...' if len(missing) > 4 else ''}, not of it {extra[:4]}{' ...' if len(extra) > 4 else ''}"
         )
     if not_float := [n for n in sorted(wanted) if not jnp.issubdtype(tensors[n].dtype, jnp.floating)]:
-        name = not_float[0]
         raise ValueError(
-            f"{where}: {name} is {tensors[name].dtype}, not a floating-point tensor (integer or quantized weights are "
-            f"not imported; tensors that are not float: {not_float[:4]})"
+            f"{where}: {not_float[0]} is {tensors[not_float[0]].dtype}, not a floating-point tensor (integer or "
+            f"quantized weights are not imported; tensors that are not float: {not_float[:4]})"
         )
+
+
+def pure_from_llama(lm: LMConfig, tensors: dict[str, np.ndarray], where: str) -> dict:
+    """The unscanned LM's parameters as a pure dict (nnx.to_pure_dict's nesting) from Llama-layout `tensors`;
+    ValueError naming `where` and the tensors missing, not of this model or not floating-point (an lm_head equal to the
+    tied embedding and RoPE's saved frequencies are skipped)."""
+    table = llama_table(lm)
+    skipped = {"lm_head.weight"} if lm.tie_embeddings and not own_head(tensors) else set()
+    skipped |= {n for n in tensors if n.endswith(IGNORED)}
+    check_tensors(tensors, [name for _, name, _ in table], skipped, where)
     pure = {}
     for path, name, transposed in table:
         node = pure

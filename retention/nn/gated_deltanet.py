@@ -44,6 +44,8 @@ from retention.ops.chunking import default_chunk_size
 from retention.ops.gated_delta_rule.op import PREFERRED_CHUNK
 from retention.parallel.rules import logical_param
 
+NORM_EPS = 1e-6  # the output RMSNorm's epsilon (fixed: norm_eps is the blocks' and QK-norm's)
+
 
 def _l2_normalise(x: Float[Array, "... d"]) -> Float[Array, "... d"]:
     x32 = x.astype(jnp.float32)
@@ -100,7 +102,7 @@ class GatedDeltaNet(MatrixStateMixer, QKVMixer):
         self.dt_bias, self.A_log = init_decay(rngs, kv_heads, param_dtype, "kv_heads", decay_init)  # Mamba2's
         self.o_norm = nnx.RMSNorm(
             head_dim,
-            epsilon=1e-6,
+            epsilon=NORM_EPS,
             dtype=jnp.float32,
             param_dtype=param_dtype,
             scale_metadata=logical_param("head_dim"),

@@ -23,7 +23,7 @@ from retention.validation import check_number
 
 SOURCES = {  # prefix: "module:function" of its loader
     "run": "retention.load:load_run",  # a run folder or an export
-    "hf": "retention.hf:load_hf",  # a Hugging Face folder of the Llama family (retention/hf/)
+    "hf": "retention.hf:load_hf",  # a Hugging Face folder: Llama family, Mamba2, Qwen3-Next (retention/hf/)
 }
 # model.* fields that set how the source runs, not what it is (applied to it after conversion)
 RUNTIME = ("dtype", "retention_impl", "attention_impl", "chunk_size", "kv_cache_bits", "scan_layers", "remat_policy")

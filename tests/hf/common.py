@@ -1,6 +1,6 @@
-"""Tiny random Llama-family and Mamba2 checkpoints built with transformers (float32, saved with save_pretrained) and
-a tiny tokenizer.json, for the import and export tests; transformers' logits of a checkpoint; random texts, and the
-check that transformers' tokenizer of an export encodes them as the run's."""
+"""Tiny random Llama-family, Mamba2 and Qwen3-Next checkpoints built with transformers (float32, saved with
+save_pretrained) and a tiny tokenizer.json, for the import and export tests; transformers' logits and greedy tokens of
+a checkpoint; random texts, and the check that transformers' tokenizer of an export encodes them as the run's."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +37,23 @@ MAMBA2_SIZES = dict(
     initializer_range=0.1,
     chunk_size=8,  # transformers' chunked scan crosses chunks in the tests' 19 tokens
     eos_token_id=1,
+)
+
+QWEN3_NEXT_SIZES = dict(
+    vocab_size=VOCAB,
+    hidden_size=36,
+    intermediate_size=52,
+    num_hidden_layers=2,
+    layer_types=["linear_attention"] * 2,  # Gated DeltaNet in every layer
+    num_experts=0,  # dense MLPs
+    linear_num_key_heads=2,
+    linear_num_value_heads=2,
+    linear_key_head_dim=12,
+    linear_value_head_dim=12,
+    linear_conv_kernel_dim=4,
+    initializer_range=0.1,
+    eos_token_id=1,
+    use_cache=False,  # transformers 5.25's Qwen3-Next builds no cache mask without a full-attention layer
 )
 
 
@@ -84,6 +101,24 @@ def save_tiny_mamba2(folder, **overrides):
     return model
 
 
+def save_tiny_qwen3_next(folder, **overrides):
+    """A tiny random Qwen3NextForCausalLM (QWEN3_NEXT_SIZES with `overrides`) saved to `folder` with tiny_tokenizer;
+    returns the transformers model (float32, eval mode). The zero-centred norms' weights (transformers starts them at
+    0), the gated output norm's (at 1), dt_bias and A_log are random too, so a misplaced one shows."""
+    config = transformers.Qwen3NextConfig(**(QWEN3_NEXT_SIZES | overrides))
+    torch.manual_seed(0)
+    model = transformers.Qwen3NextForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 * torch.randn_like(p) + (1.0 if name.endswith("linear_attn.norm.weight") else 0.0))
+            elif name.endswith(("dt_bias", "A_log")):
+                p.copy_(0.5 * torch.randn_like(p) - 1.0)
+    model.save_pretrained(folder)
+    tiny_tokenizer(folder / "tokenizer.json")
+    return model
+
+
 def assert_float32_close(got, want):
     """Equal to float32 rounding: 1e-5 relative, 1e-5 of the largest logit absolute."""
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -106,6 +141,14 @@ def torch_logits(model, tokens: np.ndarray) -> np.ndarray:
     """transformers' float32 logits [B, T, V] of tokens [B, T]."""
     with torch.no_grad():
         return model(torch.as_tensor(np.asarray(tokens), dtype=torch.long)).logits.float().numpy()
+
+
+def greedy_reference(model, prompt: np.ndarray, n: int) -> np.ndarray:
+    """transformers' greedy continuation: n times, the argmax of its logits at the last position appended."""
+    tokens = prompt
+    for _ in range(n):
+        tokens = np.concatenate([tokens, torch_logits(model, tokens)[:, -1].argmax(-1)[:, None]], axis=1)
+    return tokens
 
 
 def random_texts(rng: np.random.Generator, n: int) -> list[str]:

@@ -19,6 +19,7 @@ from tests.hf.common import (
     VOCAB,
     assert_float32_close,
     assert_gives_transformers_logits,
+    greedy_reference,
     save_tiny_mamba2,
     torch_logits,
 )
@@ -33,14 +34,6 @@ CASES = {
     "tied_no_conv_bias": dict(n_groups=4, tie_word_embeddings=True, use_conv_bias=False),
 }
 T, T0, STEP, NEW = 19, 11, 4, 6  # an odd length; a prompt of T0 tokens then decode steps of STEP tokens up to T
-
-
-def greedy_reference(model, prompt: np.ndarray, n: int) -> np.ndarray:
-    """transformers' greedy continuation: n times, the argmax of its logits at the last position appended."""
-    tokens = prompt
-    for _ in range(n):
-        tokens = np.concatenate([tokens, torch_logits(model, tokens)[:, -1].argmax(-1)[:, None]], axis=1)
-    return tokens
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
