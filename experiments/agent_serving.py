@@ -17,10 +17,10 @@ the same tokens: greedy), experiments/timing.py.
     python -m experiments.agent_serving --plot-only    # redraw results/agent_serving.png from the JSON
 
 The issue's protocol, histories to 64k on a machine that allows it, many turns of short appends (about 93% of the
-prompt tokens cached, near the 96% of real agent traffic); 1k-token blocks keep softmax's prefix cache (an entry per
-block boundary, each holding its prefix's keys and values) to a few GiB per session, and evictions under the
-budget, which lower the cached fraction, are in the JSON. Softmax recomputing 64k-token prompts with the cache off
-is the slow part (`--kinds` runs a subset, `--no-cache-off` skips that comparison):
+prompt tokens cached, near the 96% of real agent traffic); softmax's prefix cache holds each token's keys and
+values once (an entry per block boundary, each holding its own block's: 65 MiB for a 64k-token session of these
+models), and evictions under the budget, which lower the cached fraction, are in the JSON. Softmax recomputing
+64k-token prompts with the cache off is the slow part (`--kinds` runs a subset, `--no-cache-off` skips that comparison):
 
     python -m experiments.agent_serving --sessions 1 4 8 --turns 32 --history 65536 --system 8192 --new 64 \\
         --block 1024 --cache-mib 65536 --note "idle"

@@ -1,12 +1,13 @@
 """Serving on top of the LM: prefix snapshots (snapshot_value.py the value, snapshot.py: a prefilled cache to
 continue, fork, resize, save and load), a slot engine (engine.py: queued requests joining and leaving one compiled
 decode step) with an automatic prefix cache (prefix_cache.py the trie, budget and eviction; prefix_prefill.py the
-snapshots it keeps) and speculative decoding with a draft model (speculative_round.py: one round for every slot,
-greedy or speculative sampling; speculative.py: verify with rollback, and `speculative_generate`, a one-slot
-engine), recurrent states quantized at rest (quantized_state.py), and what these and `retention.generate` share:
-prompts (prompts.py), the sampler and its settings (sampling.py) and the caches' limits read from the mixer registry
-(cache_limits.py). `generate` builds on this package, which imports neither it nor the trainer. The names load on
-first use (PEP 562), as in the package face."""
+snapshots it keeps; prefix_blocks.py an A layer's keys and values kept once, a block per entry) and speculative
+decoding with a draft model (speculative_round.py: one round for every slot, greedy or speculative sampling;
+speculative.py: verify with rollback, and `speculative_generate`, a one-slot engine), recurrent states quantized at
+rest (quantized_state.py), and what these and `retention.generate` share: prompts (prompts.py), the sampler and its
+settings (sampling.py) and the caches' limits read from the mixer registry (cache_limits.py). `generate` builds on
+this package, which imports neither it nor the trainer. The names load on first use (PEP 562), as in the package
+face."""
 
 import importlib
 

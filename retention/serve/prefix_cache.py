@@ -7,9 +7,12 @@ node holding a value. Eviction is LRU over the entries: an entry is used when `p
 returns it, and so are the cached prefixes above it (a shared system prompt's entries stay as recently used as the
 sessions continuing past them, so a session's deeper entries are evicted before the prefix they share); storing
 one past the budget evicts the least recently used until it fits, and an entry larger than the whole budget is not
-stored. A node left with no value and no children is pruned, so the trie holds only paths to entries. The cache is
-owned by one model: `claim` with another owner (the engine passes its config and weights digest) drops every entry
-first, so a value made by another model is never returned.
+stored. An entry stored `chained` holds only what its last block added (a growing cache's keys and values:
+prefix_blocks.py) and needs every prefix above it: it is stored only below a cached parent, and an entry with a
+chained child is never evicted (the least recently used of the others is: leaves first), so `chain` always finds
+every block of a cached prefix. A node left with no value and no children is pruned, so the trie holds only paths
+to entries. The cache is owned by one model: `claim` with another owner (the engine passes its config and weights
+digest) drops every entry first, so a value made by another model is never returned.
 Pure Python: what a value is and how its bytes are counted is the caller's (prefix_prefill.py).
 """
 
@@ -48,12 +51,25 @@ class PrefixCacheStats:
 class _Node:
     """A trie node: the prefix of `depth` blocks; `value` and `nbytes` when the prefix is cached."""
 
-    __slots__ = ("parent", "key", "depth", "children", "value", "nbytes")
+    __slots__ = ("parent", "key", "depth", "children", "value", "nbytes", "chained")
 
     def __init__(self, parent: "_Node | None", key: tuple[int, ...] | None, depth: int):
         self.parent, self.key, self.depth = parent, key, depth
         self.children: dict[tuple[int, ...], _Node] = {}
-        self.value, self.nbytes = None, 0
+        self.value, self.nbytes, self.chained = None, 0, False
+
+    def needed(self) -> bool:
+        """Whether a chained child holds a value (that needs this node's)."""
+        return any(c.chained and c.value is not None for c in self.children.values())
+
+    def above(self) -> list["_Node"]:
+        """The nodes of the shorter prefixes that hold values, the shortest first."""
+        nodes, node = [], self.parent
+        while node is not None:
+            if node.value is not None:
+                nodes.append(node)
+            node = node.parent
+        return nodes[::-1]
 
 
 class PrefixCache:
@@ -122,16 +138,30 @@ class PrefixCache:
         if found is None:
             self._misses += 1
             return 0, None
-        path, above = [], found
-        while above is not None:
-            path.append(above)
-            above = above.parent
-        for used in reversed(path):  # the shortest first, the prefix returned last
-            if used.value is not None:
-                self._lru.move_to_end(id(used))
+        for used in [*found.above(), found]:  # the shortest first, the prefix returned last
+            self._lru.move_to_end(id(used))
         self._hits += 1
         self._reused += found.depth * self.block
         return found.depth * self.block, found.value
+
+    def chain(self, tokens: Sequence[int]) -> list:
+        """The values of the cached prefixes of `tokens` (whole blocks), the shortest first; counts nothing and
+        changes no order (`longest` did). For a chained entry's prefix: every block's value, none missing.
+
+        Args:
+            tokens: a cached prefix's ids (len a multiple of block).
+
+        Returns:
+            The values, one per cached prefix.
+        """
+        node, values = self._root, []
+        for key in self._blocks(tokens, len(tokens) // self.block):
+            node = node.children.get(key)
+            if node is None:
+                break
+            if node.value is not None:
+                values.append(node.value)
+        return values
 
     def fits(self, nbytes: int) -> bool:
         """Whether a value of `nbytes` can be stored (after evicting others).
@@ -144,14 +174,18 @@ class PrefixCache:
         """
         return 0 < nbytes <= self.budget_bytes
 
-    def put(self, tokens: Sequence[int], value, nbytes: int) -> bool:
-        """Store `value` as the prefix `tokens` (a whole number of blocks), replacing one stored there, evicting the
-        least recently used entries until it fits; a value larger than the budget is not stored.
+    def put(self, tokens: Sequence[int], value, nbytes: int, *, chained: bool = False) -> bool:
+        """Store `value` as the prefix `tokens` (a whole number of blocks), replacing one stored there (and the
+        chained entries below it), evicting the least recently used entries no chained entry needs until it fits; a
+        value larger than the budget is not stored.
 
         Args:
             tokens: the prefix's ids, len a multiple of block (>= 1 block).
             value: what to keep.
             nbytes: its bytes.
+            chained: the value needs the values of the shorter prefixes (it holds what its last block added): not
+                stored when the prefix one block shorter is not cached, or when it and the prefixes above it do not
+                fit the budget together; they are not evicted while it is held.
 
         Returns:
             Whether it was stored.
@@ -166,10 +200,16 @@ class PrefixCache:
         node = self._path(tokens)
         if node.value is not None:
             self._drop(node)
+        keep = node.above() if chained else []
+        parent_missing = chained and node.depth > 1 and node.parent.value is None
+        if parent_missing or sum(n.nbytes for n in keep) + nbytes > self.budget_bytes:
+            self._prune(node)
+            return False
+        kept = {id(n) for n in keep}
         while self._bytes + nbytes > self.budget_bytes:
-            self._evict_oldest()
+            self._evict_oldest(kept)
         node = self._path(tokens)  # again: pruning after an eviction may have removed it
-        node.value, node.nbytes = value, nbytes
+        node.value, node.nbytes, node.chained = value, nbytes, chained
         self._lru[id(node)] = node
         self._bytes += nbytes
         return True
@@ -181,17 +221,24 @@ class PrefixCache:
             node = node.children.setdefault(key, _Node(node, key, node.depth + 1))
         return node
 
-    def _evict_oldest(self) -> None:
-        _, node = self._lru.popitem(last=False)
+    def _evict_oldest(self, kept: set[int]) -> None:
+        """Drop the least recently used entry that no chained entry needs, other than those of `kept` (ids)."""
+        node = next(n for i, n in self._lru.items() if i not in kept and not n.needed())
         self._evictions += 1
-        self._drop(node, listed=False)
+        self._drop(node)
 
-    def _drop(self, node: _Node, *, listed: bool = True) -> None:
-        """Remove node's value (from the LRU order too when `listed`) and prune the nodes left empty above it."""
-        if listed:
-            del self._lru[id(node)]
+    def _drop(self, node: _Node) -> None:
+        """Remove node's value and its chained children's (theirs first), and prune the nodes left empty above it."""
+        for child in list(node.children.values()):
+            if child.chained and child.value is not None:
+                self._drop(child)
+        del self._lru[id(node)]
         self._bytes -= node.nbytes
-        node.value, node.nbytes = None, 0
+        node.value, node.nbytes, node.chained = None, 0, False
+        self._prune(node)
+
+    def _prune(self, node: _Node) -> None:
+        """Remove node and the nodes above it while they hold no value and have no children."""
         while node.parent is not None and node.value is None and not node.children:
             del node.parent.children[node.key]
             node = node.parent

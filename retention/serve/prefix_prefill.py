@@ -1,21 +1,22 @@
 """A prompt prefilled through a PrefixCache (prefix_cache.py): continued from its longest cached prefix, the rest
-fed block by block, the Snapshot at each new block boundary kept.
+fed block by block, an entry kept at each new block boundary.
 
-An entry is the Snapshot after exactly k * block tokens (every layer's cache: a P, D, G or M layer's fixed-size
-state, an A layer's keys and values, a W layer's ring buffer, the convolutions' inputs; the last token's logits),
-resized to max_len = k * block (`resize`) when a layer's cache grows with the length, so an A layer's entry holds
-that prefix's keys and values and no empty slots (resized back to the engine's max_len when a request continues from
-it); kept as it is when every cache is the same at every length (no program compiled per k). Its bytes are
-`snapshot_bytes`'. The cache is claimed for the model's config and weights digest first, so a state made by
-another model (or the same model before its weights changed) is never continued.
+An entry is the Snapshot after exactly k * block tokens, as `block_entry` (prefix_blocks.py) keeps it: every cache
+that is the same at every length whole (a P, D, G or M layer's fixed-size state, a W layer's ring buffer, the
+convolutions' inputs; the last token's logits), and of an A layer's keys and values only the block's own (the
+tokens since the entry one block shorter), so the entry is stored `chained` and continued from as the chain of
+its prefix's entries (`assemble`: their blocks joined, with room up to the engine's max_len). Its bytes are
+`snapshot_bytes`': the bytes it holds. The cache is claimed for the model's config and weights digest first, so a
+state made by another model (or the same model before its weights changed) is never continued.
 """
 
 import numpy as np
 
 from retention.nn import LM
 from retention.serve.cache_limits import growing_layers
+from retention.serve.prefix_blocks import assemble, block_entry
 from retention.serve.prefix_cache import PrefixCache
-from retention.serve.snapshot import extend_checked, prefill, resize, snapshot_bytes, weights_digest
+from retention.serve.snapshot import extend_checked, prefill, snapshot_bytes, weights_digest
 from retention.serve.snapshot_value import Snapshot
 
 
@@ -38,10 +39,11 @@ def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, st
     """
     cache.claim((model.config, weights_digest(model)))
     tokens = np.asarray(prompt_1T[0]).tolist()
-    T, block, growing = len(tokens), cache.block, growing_layers(model.config)
+    T, block, chained = len(tokens), cache.block, bool(growing_layers(model.config))
     done, snapshot = cache.longest(tokens)
     if snapshot is not None:
-        snapshot = resize(model, snapshot, max_len=max_len, step_tokens=step_tokens)
+        chain = cache.chain(tokens[:done]) if chained else [snapshot]
+        snapshot = assemble(model, chain, max_len=max_len, step_tokens=step_tokens)
     boundaries = range(done + block, T // block * block + 1, block)
     for end in [*boundaries, *([T] if T % block else [])]:
         piece = prompt_1T[:, done:end]
@@ -50,7 +52,7 @@ def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, st
         else:
             snapshot = extend_checked(model, snapshot, piece)
         if end % block == 0:
-            entry = resize(model, snapshot, max_len=end, step_tokens=step_tokens) if growing else snapshot
-            cache.put(tokens[:end], entry, snapshot_bytes(entry))
+            entry = block_entry(snapshot, end - block)
+            cache.put(tokens[:end], entry, snapshot_bytes(entry), chained=chained)
         done = end
     return snapshot

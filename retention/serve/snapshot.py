@@ -224,7 +224,16 @@ def resize(model: LM, snapshot: Snapshot, *, max_len: int, step_tokens: int = 1)
     return dataclasses.replace(snapshot, caches=caches, max_len=max_len, step_tokens=step_tokens)
 
 
-def _is_kv_cache(x) -> bool:
+def is_kv_cache(x) -> bool:
+    """Whether x is a KV cache (a KVCache or QuantizedKVCache: the leaf of a tree.map over an LMCache's keys and
+    values).
+
+    Args:
+        x: a node of an LMCache.
+
+    Returns:
+        True for a KVCache or QuantizedKVCache.
+    """
     return isinstance(x, (KVCache, QuantizedKVCache))
 
 
@@ -234,14 +243,14 @@ def _moved_caches(caches: LMCache, empty: LMCache) -> LMCache:
     (over the leading repeats axis of stacked layers too), every other array kept."""
 
     def move(old, new):
-        if not _is_kv_cache(old):
+        if not is_kv_cache(old):
             return old
         moved = move_slots
         for _ in range(old.pos.ndim - 1):  # stacked layers (scan_layers): one cache per repeat
             moved = jax.vmap(moved)
         return moved(old, new)
 
-    return jax.tree.map(move, caches, empty, is_leaf=_is_kv_cache)
+    return jax.tree.map(move, caches, empty, is_leaf=is_kv_cache)
 
 
 def _abstract_caches(config: LMConfig, batch: int, max_len: int, step_tokens: int) -> LMCache:

@@ -4,7 +4,10 @@ D, G, M) and a hybrid with a convolution, the hit and the tokens reused reported
 prefixes is chosen; a small byte budget holds no more than it allows and evicts the least recently used entry; a
 budget of 0 keeps nothing and changes nothing; a change of weights drops the entries (another model's state is never
 continued); bad arguments are refused before any work, naming them; 32 requests submitted at once to 4 slots, with
-prefixes shared in several ways, each equal their run alone."""
+prefixes shared in several ways, each equal their run alone; a growing cache (an A layer's keys and values, 4-bit
+too, stacked layers too) is held once, a block per entry, so the bytes held grow linearly with the prompt and a
+continuation joined from the blocks equals its run alone; a small budget evicts leaves first, so every held entry's
+prefix stays whole and a hit after evictions equals its run alone; the trie's chained entries need their parents."""
 
 import dataclasses
 
@@ -203,3 +206,74 @@ def test_four_slots_serve_32_requests_at_once_with_prefix_reuse():
     assert stats.hits == 30 and stats.misses == 2  # the first of each shared prefix misses
     assert stats.tokens_reused == 23 * 8 + 7 * 12  # the system prompt's 8 tokens, the other's 12
     assert [finished[i] for i in ids] == [alone(model, p, n) for p, n in zip(prompts, news)]
+
+
+def kv_bytes(model: LM) -> tuple[int, int]:
+    """The bytes of a one-row snapshot per token its caches hold room for, and those of the rest (logits too)."""
+    held = lambda slots: sum(x.nbytes for x in jax.tree.leaves(model.init_caches(1, slots)))
+    per_token = held(2) - held(1)
+    return per_token, held(1) - per_token + BASE.vocab_size * 4
+
+
+@pytest.mark.parametrize(
+    "pattern, options", [("A", {}), ("PA", {}), ("A", dict(kv_cache_bits=4)), ("A", dict(scan_layers=True))]
+)
+def test_a_growing_cache_is_held_once_so_the_bytes_grow_linearly_with_the_prompt(pattern, options):
+    model = LM(dataclasses.replace(model_of(pattern).config, **options), rngs=nnx.Rngs(0))
+    per_token, rest = kv_bytes(model)
+    long = prompt(70, 8 * BLOCK)
+    held = []
+    for blocks in (4, 8):
+        engine = Engine(model, slots=1, max_len=64, prefix_cache_bytes=BUDGET, prefix_block=BLOCK)
+        engine.submit(long[:, : blocks * BLOCK], max_new_tokens=1)
+        engine.run()
+        held.append(engine.cache_stats().bytes_held)
+        assert engine.cache_stats().entries == blocks
+    # each entry: its block's keys and values and the fixed-size rest; a whole snapshot per block held 3.6x as much
+    assert held == [4 * (BLOCK * per_token + rest), 8 * (BLOCK * per_token + rest)]
+    follow = joined(long, prompt(71, 3))  # continues from the 8 blocks, joined from their entries
+    r = engine.submit(follow, max_new_tokens=5)
+    assert engine.run()[r] == alone(model, follow, 5) and engine.cache_stats().tokens_reused == 8 * BLOCK
+
+
+def test_eviction_under_a_small_budget_keeps_every_held_prefix_whole():
+    model = model_of("A")
+    per_token, rest = kv_bytes(model)
+    entry = BLOCK * per_token + rest
+    engine = Engine(model, slots=1, max_len=MAX_LEN, prefix_cache_bytes=4 * entry + entry // 2, prefix_block=BLOCK)
+    a, b = prompt(80, 13), prompt(81, 9)  # three blocks and two, and a token each
+    held = []
+    for p in (a, b, a, b):
+        r = engine.submit(p, max_new_tokens=4)
+        assert engine.run()[r] == alone(model, p, 4)
+        held.append(engine.prefix_cache.prefixes())
+        chains = []  # per prompt, the entries held on its prefixes of 1, 2, ... blocks
+        for q in (a, b):
+            ids = np.asarray(q[0]).tolist()
+            chains.append([len(engine.prefix_cache.chain(ids[:n])) for n in range(BLOCK, len(ids), BLOCK)])
+        # every entry's blocks are all held (leaves are evicted first): 1, 2, ... m entries, then none deeper
+        assert all(c == [min(i + 1, c[-1]) for i in range(len(c))] for c in chains)
+        assert sum(c[-1] for c in chains) == len(held[-1])
+    # a: 4, 8, 12; b's 8 evicts a's 12, the least recently used leaf (a's 4 and 8 are needed by it)
+    # a again: continues from its 8 and its 12 evicts b's 8; b again: continues from its 4, its 8 evicts a's 12
+    assert held == [[4, 8, 12], [4, 8, 4, 8], [4, 4, 8, 12], [4, 8, 4, 8]]
+    stats = engine.cache_stats()
+    assert (stats.hits, stats.misses, stats.tokens_reused, stats.evictions) == (2, 2, 12, 3)
+    assert stats.bytes_held == 4 * entry
+
+
+def test_chained_entries_need_their_parents():
+    cache = PrefixCache(40, 2)
+    assert not cache.put([1, 2, 3, 4], "b", 10, chained=True)  # its parent [1, 2] is not cached
+    assert cache.stats().entries == 0 and cache.chain([1, 2, 3, 4]) == []
+    assert cache.put([1, 2], "a", 10, chained=True) and cache.put([1, 2, 3, 4], "ab", 10, chained=True)
+    assert cache.put([5, 6], "c", 10, chained=True) and cache.put([5, 6, 7, 8], "cd", 10, chained=True)
+    assert cache.longest([1, 2, 3, 4, 9]) == (4, "ab") and cache.chain([1, 2, 3, 4]) == ["a", "ab"]
+    assert cache.put([1, 2, 3, 4, 5, 6], "abc", 10, chained=True)  # evicts [5, 6, 7, 8]: [5, 6] is needed by it
+    assert cache.prefixes() == [2, 2, 4, 6] and cache.chain([5, 6, 7, 8]) == ["c"]
+    assert not cache.put([1, 2, 3, 4, 5, 6, 7, 8], "abcd", 11, chained=True)  # 41 bytes with its prefixes
+    assert cache.prefixes() == [2, 2, 4, 6]  # nothing evicted for it
+    assert cache.put([1, 2], "a2", 10, chained=True)  # replacing an entry drops the chained entries below it
+    assert cache.prefixes() == [2, 2] and cache.chain([1, 2, 3, 4, 5, 6]) == ["a2"]
+    stats = cache.stats()
+    assert (stats.entries, stats.bytes_held, stats.evictions) == (2, 20, 1)

@@ -153,6 +153,48 @@ def move_slots(cache, empty):
     return type(cache)(*(move(f, getattr(cache, f), getattr(empty, f)) for f in cache._fields))
 
 
+def cut_slots(cache, start, n: int):
+    """The slots [start, start + n) of a KV cache as a cache of n slots of its own: new arrays holding only those
+    rows (a full-attention cache's tokens start..start + n - 1), the length kept.
+
+    Args:
+        cache (KVCache | QuantizedKVCache): the cache, with a leading axis over stacked layers' repeats or not.
+        start (int | Array): the first slot; one compiled program serves every start.
+        n: the slots kept (start + n <= the cache's slots).
+
+    Returns:
+        The cache of n slots, of cache's kind.
+    """
+    lead = cache.pos.ndim - 1
+
+    def cut(field: str, x):
+        return x if field == "length" else jax.lax.dynamic_slice_in_dim(x, start, n, axis=_SLOT_AXIS[field] + lead)
+
+    return type(cache)(*(cut(f, getattr(cache, f)) for f in cache._fields))
+
+
+def join_slots(caches, length):
+    """KV caches of one kind, rows, heads and head dim joined slot after slot (one concatenation per field): the
+    inverse of cutting a cache into consecutive `cut_slots` pieces.
+
+    Args:
+        caches (Sequence[KVCache | QuantizedKVCache]): the pieces, in slot order.
+        length (Array): the joined cache's length (the tokens written).
+
+    Returns:
+        The cache of their slots together.
+    """
+    first = caches[0]
+    lead = first.pos.ndim - 1
+
+    def join(field: str):
+        if field == "length":
+            return length
+        return jnp.concatenate([getattr(c, field) for c in caches], axis=_SLOT_AXIS[field] + lead)
+
+    return type(first)(*(join(f) for f in first._fields))
+
+
 def describe_array(x) -> str:
     """An array's shape and dtype for a message, or its type when it is no array."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
