@@ -70,10 +70,10 @@ def run_log(path: Path):
 
 
 def run_overrides(preset: Preset, run: Run) -> list[str]:
-    """Every override of the run, in train.py's syntax: the entry's model, the task's data and trainer, lr, seed."""
-    spec = preset.tasks[run.task]
+    """Every override of the run, in train.py's syntax: the entry's model and its task's experiment (data, optimiser,
+    trainer), the task's own overrides, lr, seed."""
     model = entry_overrides(run.entry, preset, run.task)
-    return [*model, f"data={spec.data}", *spec.overrides, f"optim.lr={run.lr:g}", f"seed={run.seed}"]
+    return [*model, *preset.tasks[run.task].overrides, f"optim.lr={run.lr:g}", f"seed={run.seed}"]
 
 
 def train_command(overrides: list[str], folder: Path) -> str:

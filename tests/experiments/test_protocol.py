@@ -229,7 +229,7 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
 
 TINY_TASK = Task(
     "mqar",
-    SMOKE.tasks["mqar"].overrides,
+    SMOKE.tasks["mqar"].experiment,
     lrs=(1e-2,),
     seeds=(0,),
     test_scales=(1,),
