@@ -1,4 +1,4 @@
-"""The compared entries as trainer configs: Hydra composes the packaged configs (retention/configs/) with an entry's
+"""The compared entries as trainer configs: Hydra composes the packaged configs (configs/) with an entry's
 model group, its task's experiment file (experiment/compare/<cell>.yaml) and its overrides, exactly as `train.py`
 would, and an entry with `matched_window` gets the window whose KV cache holds the
 bytes of the power model's decode state on that task (the same layers, heads, head dim and parts).
@@ -22,7 +22,7 @@ register_configs()
 
 
 def compose_config(overrides: list[str]) -> Config:
-    """The typed trainer Config of retention/configs/config.yaml with `overrides` (Hydra's override syntax)."""
+    """The typed trainer Config of configs/config.yaml with `overrides` (Hydra's override syntax)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 

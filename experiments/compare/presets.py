@@ -8,7 +8,7 @@ of it). Each task gives its cell (model block, data, optimiser and trainer: the 
 where a task trains until its eval stops improving), the learning rates every entry is trained at (seed
 `seeds[0]`; a best lr at the grid's edge extends the grid, `lr_extensions`), the seeds run at the best one, and the
 test lengths.
-Each task's cell is a Hydra experiment file, retention/configs/experiment/compare/<cell>.yaml: the preset's model
+Each task's cell is a Hydra experiment file, configs/experiment/compare/<cell>.yaml: the preset's model
 block and the task's data, optimiser and trainer settings, each recipe written once there (compare/recipe/: the cpu
 preset's MQAR, passkey and text recipes, which the other cells change by key). One cell's model trains by hand at
 its defaults with `python train.py experiment=compare/cpu_mqar model=power` (any model group); this file keeps only
@@ -20,7 +20,7 @@ the protocol: the entries and their model overrides, the cells, the lr grids, th
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
-- `demo`: `make demo`'s far cell and models (retention/configs/experiment/mqar_demo.yaml, in compare/demo.yaml).
+- `demo`: `make demo`'s far cell and models (configs/experiment/mqar_demo.yaml, in compare/demo.yaml).
 """
 
 from dataclasses import dataclass, field
@@ -36,7 +36,7 @@ STATE_FORMAT_CODES = {"int8": 8, "int4": 4, "fp8": "fp8"}
 
 @dataclass(frozen=True)
 class Entry:
-    """One compared configuration: `group` (retention/configs/model/<group>.yaml) and model overrides after the
+    """One compared configuration: `group` (configs/model/<group>.yaml) and model overrides after the
     preset's and the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
     `kv_cache_bits`: nothing is trained; `base`'s runs are evaluated decoding with that quantized KV cache.
     `state_format` (a key of STATE_FORMAT_CODES): nothing is trained; `base`'s runs are evaluated token by token
@@ -77,7 +77,7 @@ class Entry:
 @dataclass(frozen=True)
 class Task:
     """One quality task on `data` (the data config group, whose metric and readers the protocol uses).
-    `experiment`: its cell, the experiment config (retention/configs/experiment/<experiment>.yaml) that sets that
+    `experiment`: its cell, the experiment config (configs/experiment/<experiment>.yaml) that sets that
     data group, the preset's model block, the optimiser (all but the lr) and the trainer, the same for every entry,
     so every entry sees the same tokens; `overrides`: Hydra overrides after it (none in the presets: a test's
     changes). The lr is chosen on the trainer's eval at 1x (`summary.json`, eval batches 0..); the test eval

@@ -98,7 +98,7 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
 
 
 def test_the_demo_window_reaches_no_key_of_the_far_cell():
-    """retention/configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and
+    """configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and
     short convolution, is shorter than every query's distance to its key on the far cell (the YAML's min_gap), and
     its KV cache holds fewer bytes than its P model's state (the window is no larger than the fixed state)."""
     demo = ["experiment=mqar_demo"]
