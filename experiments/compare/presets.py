@@ -151,24 +151,6 @@ class Preset:
         return tuple(n for n in dict.fromkeys(names) if not left_out(n))
 
 
-def with_overrides(base: tuple[str, ...], *changes: str) -> tuple[str, ...]:
-    """`base` (Hydra override strings) with each of `changes` applied by key: "key=value" replaces the base's
-    entry of that key in place (or is appended when the base has none), "~key" removes it."""
-    out = list(base)
-    for change in changes:
-        key = change.removeprefix("~").split("=", 1)[0]
-        at = next((i for i, o in enumerate(out) if o.split("=", 1)[0] == key), None)
-        if change.startswith("~"):
-            if at is None:
-                raise ValueError(f"changes: {change!r} removes {key!r}, which the base does not set")
-            del out[at]
-        elif at is None:
-            out.append(change)
-        else:
-            out[at] = change
-    return tuple(out)
-
-
 TEST_OFFSET = 1_000_000  # the test eval's first eval-split batch index: draws the trainer's eval never makes
 
 HEADLINE_ENTRIES = {

@@ -16,11 +16,12 @@ from experiments.compare.models import (
     lm_cache_bytes,
     matched_window,
 )
-from experiments.compare.presets import PRESETS, SMOKE, with_overrides
+from experiments.compare.presets import PRESETS, SMOKE
 from experiments.compare.protocol import Run
 from experiments.compare.quality import run_overrides
 from experiments.compare.runs import METRICS
 from experiments.compare.speed import train_step_time
+from experiments.hydra_run import with_overrides
 from retention.configs import CONFIG_DIR
 from retention.train.config import build, make_dataset
 from tests.data.test_mqar_min_gap import query_distances

@@ -15,7 +15,7 @@ from flax import nnx
 from experiments.compare import quality
 from experiments.compare.evaluate import _forward_sums, decode_sums, evaluate_run, long_skip_note
 from experiments.compare.models import compose_config, config_yaml
-from experiments.compare.presets import SMOKE, TEST_OFFSET, Task, with_overrides
+from experiments.compare.presets import SMOKE, TEST_OFFSET, Task
 from experiments.compare.protocol import (
     Run,
     at_edge,
@@ -210,9 +210,7 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
     assert carried.keys() == finished.keys() and all(r["carried_over"] for r in carried.values())
     assert all(carried[k]["summary"] == finished[k]["summary"] for k in finished)
     assert second["tasks"]["mqar"]["entry_lrs"] == first["tasks"]["mqar"]["entry_lrs"]
-    task = dataclasses.replace(
-        CARRY.tasks["mqar"], overrides=with_overrides(CARRY.tasks["mqar"].overrides, "trainer.steps=7")
-    )
+    task = dataclasses.replace(CARRY.tasks["mqar"], overrides=("trainer.steps=7",))
     longer = dataclasses.replace(CARRY, tasks={"mqar": task})
     assert not [r for r in collect(longer, elsewhere, previous=first)["runs"] if r["summary"]]  # another recipe
     recipe_changed = {**first, "runs": [{**r, "model": {**r["model"], "decay_init": "paper"}} for r in first["runs"]]}
@@ -240,7 +238,7 @@ TINY_TASK = Task(
 )
 TINY_T32 = dataclasses.replace(  # the frontier's second training length: softmax and its 4-bit cache
     TINY_TASK,
-    overrides=with_overrides(TINY_TASK.overrides, "data.seq_len=32", "data.min_gap=8"),
+    overrides=("data.seq_len=32", "data.min_gap=8"),
     skip=("power", "mamba2"),
 )
 TINY = dataclasses.replace(
