@@ -281,11 +281,12 @@ UNCHANGED_KINDS = {"A", "W"}
 def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
     """{(task, entry, lr, seed): record} of `previous`'s runs to keep: those of each (task, entry) with no finished
     run among `records` (its folders are gone, or it has not run here), each one only when its compare.json
-    overrides are the ones the preset gives that run today and its resolved model section (`model`) is the one
-    they compose to today, so a run made with another recipe is never carried (a record from before runs kept
-    their model section is carried only for layers of A and W, whose defaults have not changed since). An
-    entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its best
-    learning rate is one sweep's); entries of one task may come from either.
+    overrides compose to the config the preset's overrides for that run compose to today (the same config written
+    another way, say a recipe's keys moved into its experiment file, is the same run) and its resolved model section
+    (`model`) is the one they compose to today, so a run made with another recipe is never carried (a record from
+    before runs kept their model section is carried only for layers of A and W, whose defaults have not changed
+    since). An entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its
+    best learning rate is one sweep's); entries of one task may come from either.
     Marked `carried_over: true`; its folder, TensorBoard curve and checkpoints may be gone (summary.json keeps the
     eval curve). This keeps a committed quality.json's results when a later call runs other tasks on a machine
     without the earlier runs' folders."""
@@ -297,9 +298,10 @@ def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
         if (task, entry) in found or task not in preset.tasks or entry not in preset.task_entries(task):
             continue
         overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
-        if overrides != run_overrides(preset, Run(*key)):
+        recorded = compose_config(overrides)
+        if recorded != compose_config(run_overrides(preset, Run(*key))):
             continue
-        today = resolved_model(compose_config(overrides))
+        today = resolved_model(recorded)
         if old.get("model") == today or (old.get("model") is None and set(today["pattern"]) <= UNCHANGED_KINDS):
             out[key] = {**old, "carried_over": True}
     return out

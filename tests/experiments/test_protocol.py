@@ -193,9 +193,10 @@ def fake_run(runs, preset, run: Run, accuracy: float) -> None:
 
 def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tmp_path):
     """The runs of a task none of whose folders is here come from the previous quality.json, marked, with the
-    learning rates they were run at; never when the preset's recipe for the run (its overrides, or the model they
-    resolve to) changed since, and never mixed with an entry's runs found in folders (the task's other entries
-    still carried)."""
+    learning rates they were run at, also when the recorded overrides write today's config another way (a recipe
+    moved into its experiment file); never when the preset's recipe for the run (the config its overrides compose
+    to, or the model they resolve to) changed since, and never mixed with an entry's runs found in folders (the
+    task's other entries still carried)."""
     runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
     for run in stage_jobs(CARRY, runs, "sweep"):
         fake_run(runs, CARRY, run, 0.8 if run.lr == 3e-3 else 0.5)
@@ -210,6 +211,19 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
     assert carried.keys() == finished.keys() and all(r["carried_over"] for r in carried.values())
     assert all(carried[k]["summary"] == finished[k]["summary"] for k in finished)
     assert second["tasks"]["mqar"]["entry_lrs"] == first["tasks"]["mqar"]["entry_lrs"]
+    written_otherwise = {  # the experiment's data group named again on the command line: the same config
+        **first,
+        "runs": [
+            {**r, "record": {**r["record"], "overrides": ["data=mqar", *r["record"]["overrides"]]}}
+            for r in first["runs"]
+        ],
+    }
+    rewritten = {
+        (r["task"], r["entry"], r["lr"], r["seed"])
+        for r in collect(CARRY, elsewhere, previous=written_otherwise)["runs"]
+        if r.get("carried_over")
+    }
+    assert rewritten == finished.keys()
     task = dataclasses.replace(CARRY.tasks["mqar"], overrides=("trainer.steps=7",))
     longer = dataclasses.replace(CARRY, tasks={"mqar": task})
     assert not [r for r in collect(longer, elsewhere, previous=first)["runs"] if r["summary"]]  # another recipe
