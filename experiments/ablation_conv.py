@@ -47,9 +47,9 @@ CELLS = {
 
 
 def overrides(variant: str, cell: str) -> list[str]:
-    """The train.py overrides of one run: the CPU preset's model and MQAR task, the cell, then the variant."""
-    task = CPU.tasks["mqar"]
-    return [*CPU.model, *task.overrides, *task.model_overrides("*"), *CELLS[cell], *VARIANTS[variant]]
+    """The train.py overrides of one run: the CPU preset's MQAR cell (its model and task), the cell, then the
+    variant."""
+    return [f"experiment={CPU.tasks['mqar'].experiment}", *CELLS[cell], *VARIANTS[variant]]
 
 
 def run(variant: str, cell: str, root: str) -> dict:

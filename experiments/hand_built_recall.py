@@ -25,7 +25,7 @@ import numpy as np
 
 from retention.data.mqar import MQAR
 
-FAR_CELL = {"seq_len": 64, "vocab_size": 128, "num_kv_pairs": 4}  # retention/configs/experiment/mqar_demo.yaml's cell
+FAR_CELL = {"seq_len": 64, "vocab_size": 128, "num_kv_pairs": 4}  # configs/experiment/mqar_demo.yaml's cell
 
 
 def embeddings(vocab_size: int, heads: int, head_dim: int, rng: np.random.Generator) -> np.ndarray:

@@ -30,10 +30,9 @@ from matplotlib.ticker import FuncFormatter
 
 from experiments import conversion_loss
 from experiments.compare.convergence import learning_curve
-from experiments.compare.presets import with_overrides
 from experiments.compare.runs import train_loss_curve
 from experiments.formatting import md_table
-from experiments.hydra_run import train_once
+from experiments.hydra_run import train_once, with_overrides
 from experiments.plotting import save
 from retention import load_run
 from retention.nn import convert

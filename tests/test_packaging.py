@@ -13,13 +13,23 @@ import shutil
 import site
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import setuptools
 
 from tests.train.common import ROOT, TINY
 
-SOURCES = ("pyproject.toml", "README.md", "retention", "pallas_kernels")  # what the build reads
+SOURCES = ("pyproject.toml", "README.md", "retention", "pallas_kernels", "configs")  # what the build reads
+
+
+def test_the_listed_packages_are_every_package():
+    """pyproject.toml lists the packages (the top-level configs/ is installed as retention.configs, which
+    setuptools' find cannot discover): the list is every package under retention/ and pallas_kernels/, and that one."""
+    listed = tomllib.loads((Path(ROOT) / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = setuptools.find_packages(ROOT, include=["retention*", "pallas_kernels*"])
+    assert sorted(listed) == sorted([*found, "retention.configs"])
 
 
 def _run(command: list, **kwargs) -> str:

@@ -1,5 +1,6 @@
-"""The compared entries as trainer configs: Hydra composes the packaged configs (retention/configs/) with a preset's
-overrides, exactly as `train.py` would, and an entry with `matched_window` gets the window whose KV cache holds the
+"""The compared entries as trainer configs: Hydra composes the packaged configs (configs/) with an entry's
+model group, its task's experiment file (experiment/compare/<cell>.yaml) and its overrides, exactly as `train.py`
+would, and an entry with `matched_window` gets the window whose KV cache holds the
 bytes of the power model's decode state on that task (the same layers, heads, head dim and parts).
 """
 
@@ -21,7 +22,7 @@ register_configs()
 
 
 def compose_config(overrides: list[str]) -> Config:
-    """The typed trainer Config of retention/configs/config.yaml with `overrides` (Hydra's override syntax)."""
+    """The typed trainer Config of configs/config.yaml with `overrides` (Hydra's override syntax)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="config", overrides=list(overrides)))
 
@@ -62,30 +63,34 @@ def lm_cache_bytes(cfg: Config, length: int, state_format=None) -> int:
 
 
 @cache
-def _matched_window(overrides: tuple[str, ...]) -> int:
-    power = compose_config(["model=power", *overrides])
-    softmax = compose_config(["model=softmax", *overrides])
+def _matched_window(experiment: str) -> int:
+    power = compose_config(["model=power", f"experiment={experiment}"])
+    softmax = compose_config(["model=softmax", f"experiment={experiment}"])
     per_token = lm_cache_bytes(softmax, 2) - lm_cache_bytes(softmax, 1)
     fixed = lm_cache_bytes(softmax, 1) - per_token  # what does not grow: a convolution's inputs, the length
     return (lm_cache_bytes(power, 1) - fixed) // per_token
 
 
+def cell(preset: Preset, task: str | None = None) -> str:
+    """The experiment config of `task`'s runs (None: the preset's model block, as the speed sweep runs it)."""
+    return preset.model if task is None else preset.tasks[task].experiment
+
+
 def matched_window(preset: Preset, task: str | None = None) -> int:
     """The sliding window (tokens) whose KV cache has the bytes of the power model's state, rounded down, for the
-    models of `task` (None: the preset's shared model overrides, as the speed sweep runs them)."""
-    extra = () if task is None else preset.tasks[task].model_overrides("power")
-    return _matched_window((*preset.model, *extra))
+    models of `task` (None: the preset's model block, as the speed sweep runs it)."""
+    return _matched_window(cell(preset, task))
 
 
 def entry_overrides(name: str, preset: Preset, task: str | None = None) -> list[str]:
-    """The model overrides of entry `name` on `task` (None: the speed sweep's models): its group, the preset's
-    shared overrides, the task's, the entry's own, and for a matched window its window."""
+    """The overrides of entry `name` on `task` (None: the speed sweep's models): its model group, the task's
+    experiment (the preset's model block with the task's data, optimiser and trainer; None: the preset's model
+    block alone), the entry's own overrides, and for a matched window its window."""
     if name not in preset.entries:
         raise ValueError(f"entry must be one of {tuple(preset.entries)}, got {name!r}")
     entry = preset.entries[name]
     if not entry.trained:  # the base's model; a quantized KV cache is a model setting, a state format is not
         bits = [f"model.kv_cache_bits={entry.kv_cache_bits}"] if entry.kv_cache_bits is not None else []
         return [*entry_overrides(entry.base, preset, task), *bits, f"model.name={name}"]
-    extra = () if task is None else preset.tasks[task].model_overrides(name)
     window = [f"model.window={matched_window(preset, task)}"] if entry.matched_window else []
-    return [f"model={entry.group}", *preset.model, *extra, *entry.overrides, f"model.name={name}", *window]
+    return [f"model={entry.group}", f"experiment={cell(preset, task)}", *entry.overrides, f"model.name={name}", *window]

@@ -4,12 +4,15 @@ A preset names trained configurations (`Entry`: a model config group and its ove
 `headline` (softmax A, window W, the window with the power state's bytes, power P, hybrids: on every task),
 `ablations` (one change to a headline entry each) and `frontier` (windows, degrees, head dims, the registry's
 other fixed-state mixers, quantized KV caches: on each frontier task, one per training length, evaluated at 1x-16x
-of it). Each task gives its data and trainer overrides (the convergence rule, trainer.early_stop, where a task
-trains until its eval stops improving), the learning rates every entry is trained at (seed `seeds[0]`; a best lr
-at the grid's edge extends the grid, `lr_extensions`), the seeds run at the best one, and the test lengths.
-Model overrides are Hydra strings, exactly as `train.py` takes them; each task's recipe is written once
-(MQAR_RECIPE, PASSKEY_RECIPE, TEXT_RECIPE: the cpu preset's) and the other presets change it by key
-(`with_overrides`).
+of it). Each task gives its cell (model block, data, optimiser and trainer: the convergence rule, trainer.early_stop,
+where a task trains until its eval stops improving), the learning rates every entry is trained at (seed
+`seeds[0]`; a best lr at the grid's edge extends the grid, `lr_extensions`), the seeds run at the best one, and the
+test lengths.
+Each task's cell is a Hydra experiment file, configs/experiment/compare/<cell>.yaml: the preset's model
+block and the task's data, optimiser and trainer settings, each recipe written once there (compare/recipe/: the cpu
+preset's MQAR, passkey and text recipes, which the other cells change by key). One cell's model trains by hand at
+its defaults with `python train.py experiment=compare/cpu_mqar model=power` (any model group); this file keeps only
+the protocol: the entries and their model overrides, the cells, the lr grids, the seeds and the test lengths.
 
 - `cpu`: this 2-core machine, about 1-1.5 hours on 2 idle cores (CPU_ESTIMATE), in parts that resume.
 - `cpu_budget`: the cpu preset's MQAR cells (far and near) at a 2,000-step cap for softmax, power and the
@@ -17,7 +20,7 @@ Model overrides are Hydra strings, exactly as `train.py` takes them; each task's
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
 - `gpu`: the full comparison on one H100/H200-class GPU (hours).
 - `smoke`: seconds; the pipeline end to end at toy sizes (the tests run it).
-- `demo`: `make demo`'s far cell and models (retention/configs/experiment/mqar_demo.yaml, read from there).
+- `demo`: `make demo`'s far cell and models (configs/experiment/mqar_demo.yaml, in compare/demo.yaml).
 """
 
 from dataclasses import dataclass, field
@@ -33,7 +36,7 @@ STATE_FORMAT_CODES = {"int8": 8, "int4": 4, "fp8": "fp8"}
 
 @dataclass(frozen=True)
 class Entry:
-    """One compared configuration: `group` (retention/configs/model/<group>.yaml) and model overrides after the
+    """One compared configuration: `group` (configs/model/<group>.yaml) and model overrides after the
     preset's and the task's. `matched_window`: the window is the task's matched window (KV bytes = the power state's).
     `kv_cache_bits`: nothing is trained; `base`'s runs are evaluated decoding with that quantized KV cache.
     `state_format` (a key of STATE_FORMAT_CODES): nothing is trained; `base`'s runs are evaluated token by token
@@ -73,19 +76,22 @@ class Entry:
 
 @dataclass(frozen=True)
 class Task:
-    """One quality task. `overrides`: data, optimiser (all but the lr) and trainer overrides, the same for every
-    entry, so every entry sees the same tokens. The lr is chosen on the trainer's eval at 1x (`summary.json`, eval
-    batches 0..); the test eval reports `test_scales` x seq_len and `long_lengths` on eval batches from
-    TEST_OFFSET on (independent draws). `test_tokens`: tokens per test batch (batch = max(1, test_tokens // L)).
+    """One quality task on `data` (the data config group, whose metric and readers the protocol uses).
+    `experiment`: its cell, the experiment config (configs/experiment/<experiment>.yaml) that sets that
+    data group, the preset's model block, the optimiser (all but the lr) and the trainer, the same for every entry,
+    so every entry sees the same tokens; `overrides`: Hydra overrides after it (none in the presets: a test's
+    changes). The lr is chosen on the trainer's eval at 1x (`summary.json`, eval batches 0..); the test eval
+    reports `test_scales` x seq_len and `long_lengths` on eval batches from TEST_OFFSET on (independent draws).
+    `test_tokens`: tokens per test batch (batch = max(1, test_tokens // L)).
     A long length runs through prefill and decode steps of `long_chunk` tokens that carry every layer's cache (its
     memory that of one chunk, not of L) and draws batches past `test_batches` until its labelled targets (MQAR's
     queries) number at least `long_min_queries`.
-    `models`: extra model overrides per entry name ("*": all); `skip`: entries this task leaves out.
+    `skip`: entries this task leaves out.
     `lr_extensions`: how many steps (the grid's own ratio) an entry's grid extends beyond an edge where its best
     lr sits (protocol.py); 0: never."""
 
     data: str
-    overrides: tuple[str, ...]
+    experiment: str
     lrs: tuple[float, ...]
     seeds: tuple[int, ...]
     test_scales: tuple[int, ...] = (1, 16)
@@ -95,13 +101,9 @@ class Task:
     decode_chunk: int = 256  # tokens per decode step in the quantized-cache eval
     long_chunk: int = 256  # tokens per decode step at the long lengths (a W layer attends to window + chunk slots)
     long_min_queries: int = 0  # labelled targets a long length reads at least (0: test_batches alone)
-    models: dict[str, tuple[str, ...]] = field(default_factory=dict)
     skip: tuple[str, ...] = ()  # entries not run on this task (the report shows them as not run)
     lr_extensions: int = 1
-
-    def model_overrides(self, entry: str) -> tuple[str, ...]:
-        """This task's extra overrides of `entry`'s model config."""
-        return (*self.models.get("*", ()), *self.models.get(entry, ()))
+    overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,12 +121,14 @@ class Speed:
 
 @dataclass(frozen=True)
 class Preset:
-    """What one comparison measures; see the module docstring. `long_eval_bytes`: a long test eval runs only where
-    XLA's estimate of its memory is below this (else "not run (memory)"); `long_eval_skip`: entries left out of the
+    """What one comparison measures; see the module docstring. `model`: the experiment config whose model block
+    the speed sweep times (each task's experiment carries that block, or its change of it). `long_eval_bytes`: a
+    long test eval runs only where XLA's estimate of its memory is below this (else "not run (memory)");
+    `long_eval_skip`: entries left out of the
     long lengths (each with the reason)."""
 
     name: str
-    model: tuple[str, ...]
+    model: str
     entries: dict[str, Entry]
     headline: tuple[str, ...]
     tasks: dict[str, Task]
@@ -147,26 +151,7 @@ class Preset:
         return tuple(n for n in dict.fromkeys(names) if not left_out(n))
 
 
-def with_overrides(base: tuple[str, ...], *changes: str) -> tuple[str, ...]:
-    """`base` (Hydra override strings) with each of `changes` applied by key: "key=value" replaces the base's
-    entry of that key in place (or is appended when the base has none), "~key" removes it."""
-    out = list(base)
-    for change in changes:
-        key = change.removeprefix("~").split("=", 1)[0]
-        at = next((i for i, o in enumerate(out) if o.split("=", 1)[0] == key), None)
-        if change.startswith("~"):
-            if at is None:
-                raise ValueError(f"changes: {change!r} removes {key!r}, which the base does not set")
-            del out[at]
-        elif at is None:
-            out.append(change)
-        else:
-            out[at] = change
-    return tuple(out)
-
-
 TEST_OFFSET = 1_000_000  # the test eval's first eval-split batch index: draws the trainer's eval never makes
-QUALITY_TRAINER = ("trainer.ckpt_every=100000", "trainer.keep=1", "trainer.progress=false")
 
 HEADLINE_ENTRIES = {
     "softmax": Entry("softmax"),
@@ -240,57 +225,8 @@ def _frontier(windows, head_dims, degrees=(2, 4)) -> tuple[str, ...]:
     return tuple(frontier_entries(windows, head_dims, degrees)) + ("power_deg4", "hybrid_3to1")
 
 
-# The convergence rule (trainer.early_stop, retention/train/convergence.py) of the tasks that train until their
-# eval stops improving: 4 evals without a gain of 0.02 (the eval's noise at 512 queries is about 0.02), never
-# before min_step (MQAR's plateau at 1/pairs comes before recall's jump); trainer.steps is the cap.
-CONVERGENCE_RULE = (
-    "trainer.eval_every=50",
-    "trainer.early_stop.patience=4",
-    "trainer.early_stop.min_delta=0.02",
-    "trainer.early_stop.min_step=400",
-)
-# Each task's recipe, once: the cpu preset's; the other presets change it by key (with_overrides).
-MQAR_RECIPE = (
-    "data.seq_len=64",
-    "data.num_kv_pairs=4",
-    "data.vocab_size=128",
-    "data.min_gap=48",
-    "data.batch_size=32",
-    "optim.weight_decay=0",
-    "optim.warmup_steps=40",
-    "trainer.steps=600",  # the cap: the rule stops a run on a plateau at about 400-450
-    "trainer.log_every=50",
-    "trainer.eval_batches=4",
-    "trainer.eval_scales=[1]",  # selection and the rule: the test eval gives the longer lengths
-    *CONVERGENCE_RULE,
-    *QUALITY_TRAINER,
-)
-PASSKEY_RECIPE = (  # at T=128, 300 steps of 32 reach exact match 1.0; at 512, 300 steps of 16 stay at chance
-    "data.seq_len=128",
-    "data.batch_size=32",
-    "optim.warmup_steps=20",
-    "trainer.steps=300",
-    "trainer.log_every=50",
-    "trainer.eval_batches=2",
-    "trainer.eval_scales=[1]",  # selection and the rule: the test eval gives the longer lengths
-    *with_overrides(CONVERGENCE_RULE, "trainer.early_stop.patience=3", "trainer.early_stop.min_step=150"),
-    *QUALITY_TRAINER,
-)
-TEXT_RECIPE = (
-    "data.seq_len=256",
-    "data.batch_size=8",
-    "optim.warmup_steps=10",
-    "trainer.steps=60",
-    "trainer.log_every=10",
-    "trainer.eval_batches=2",
-    "trainer.eval_scales=[1,4,16]",  # loss by position at 1x, 4x and 16x
-    *QUALITY_TRAINER,
-)
 FRONTIER_SCALES = (1, 2, 4, 8, 16)  # a frontier task's test lengths, as multiples of its training length
 
-# The cpu preset's MQAR cap: 1,000 steps, the rule from step 600 (the recipe study, results/compare/recipes: Gated
-# DeltaNet and Mamba2 at their long decay inits climb after step 600, where the earlier cap of 600 stopped them).
-CPU_MQAR = with_overrides(MQAR_RECIPE, "trainer.steps=1000", "trainer.early_stop.min_step=600")
 CPU_WINDOWS, CPU_HEAD_DIMS = (64,), (8,)  # and degree 2 only: degree 4 at the headline's d=16 is a frontier entry
 CPU_ABLATIONS = ("softmax_conv0", "power_conv0", "hybrid_3to1")  # those that can change the reading on the far cell
 CPU_FRONTIER = _frontier(CPU_WINDOWS, CPU_HEAD_DIMS, (2,))
@@ -303,16 +239,7 @@ CPU_LRS = (3e-3, 1e-2, 3e-2)  # 1e-2 is the best of 1e-3..1e-2 for every model o
 CPU_LONG_QUERIES = 512
 CPU = Preset(
     name="cpu",
-    model=(
-        "model.n_layers=2",
-        "model.n_heads=4",
-        "model.n_kv_heads=4",
-        "model.head_dim=16",  # at 8 softmax stays on the 1/pairs plateau at this budget
-        "model.window=19",
-        "model.conv_size=4",
-        "model.qk_norm=true",
-        "model.target_params=100000",
-    ),
+    model="compare/cpu_model",
     entries=_entries(CPU_WINDOWS, CPU_HEAD_DIMS, (2,)),
     headline=tuple(HEADLINE_ENTRIES),
     ablations=CPU_ABLATIONS,
@@ -320,13 +247,12 @@ CPU = Preset(
     ablation_task="mqar",
     frontier_tasks=("mqar", "mqar_t128"),
     tasks={
-        # The demo's far cell (retention/configs/experiment/mqar_demo.yaml): W's 19 tokens a layer and the 4-tap
-        # convolutions reach 2 x (18 + 3) = 42 tokens back, every query sits more than 48 tokens after its key;
-        # the matched window (the power state's bytes at d=16, about 70 tokens) reaches every key at T=64. Three
-        # seeds on this task only (the headline's recall cell); every run trains until the rule stops it.
+        # The demo's far cell: the matched window (the power state's bytes at d=16, about 70 tokens) reaches every
+        # key at T=64. Three seeds on this task only (the headline's recall cell); every run trains until the rule
+        # stops it.
         "mqar": Task(
             "mqar",
-            CPU_MQAR,
+            "compare/cpu_mqar",
             lrs=CPU_LRS,
             seeds=(0, 1, 2),
             test_scales=FRONTIER_SCALES,
@@ -335,11 +261,11 @@ CPU = Preset(
             test_batches=2,
             test_tokens=65536,
         ),
-        # The frontier's second training length: the same cell at T=128 (vocab 256: MQAR needs vocab > T), the
-        # same tokens a step; the fixed-state, window and softmax entries only, one seed.
+        # The frontier's second training length, the same tokens a step; the fixed-state, window and softmax
+        # entries only, one seed.
         "mqar_t128": Task(
             "mqar",
-            with_overrides(CPU_MQAR, "data.seq_len=128", "data.vocab_size=256", "data.batch_size=16"),
+            "compare/cpu_mqar_t128",
             lrs=CPU_LRS,
             seeds=(0,),
             skip=("swa", "swa_matched", "hybrid", "hybrid_3to1", "power_deg4"),
@@ -349,7 +275,7 @@ CPU = Preset(
         ),
         "passkey": Task(
             "passkey",
-            PASSKEY_RECIPE,
+            "compare/cpu_passkey",
             lrs=CPU_LRS,
             seeds=(0,),
             skip=("swa",),  # W: on MQAR only
@@ -360,7 +286,7 @@ CPU = Preset(
         ),
         "text": Task(
             "text",
-            TEXT_RECIPE,
+            "compare/cpu_text",
             lrs=(1e-3, 3e-3, 1e-2),
             seeds=(0,),
             skip=("swa",),  # W: on MQAR only
@@ -395,36 +321,12 @@ CPU = Preset(
 # (CPU_LONG_QUERIES), less the hybrid's 64k forwards it no longer runs (about 3): about 110-140 CPU minutes.
 CPU_ESTIMATE = "about 1-1.5 hours on 2 idle cores in two parts (110-140 CPU minutes: experiments.compare.estimate)"
 
-GPU_MODEL = (
-    "model.n_layers=8",
-    "model.n_heads=8",
-    "model.n_kv_heads=8",
-    "model.head_dim=64",
-    "model.window=512",
-    "model.conv_size=4",
-    "model.qk_norm=true",
-    "model.target_params=30000000",
-    "model.dtype=bfloat16",
-)
-GPU_RECALL_MODEL = ("model.n_layers=2", "model.head_dim=32", "model.target_params=8000000")
-GPU_MQAR_CELL = ("data.seq_len=4096", "data.num_kv_pairs=64", "data.vocab_size=8192", "data.min_gap=1100")
 GPU_WINDOWS, GPU_HEAD_DIMS = (64, 256, 2048), (16, 64)
 GPU_LRS = (3e-4, 1e-3, 3e-3)
-GPU_MQAR = with_overrides(
-    MQAR_RECIPE,
-    *GPU_MQAR_CELL,
-    "data.batch_size=32",
-    "optim.warmup_steps=300",
-    "trainer.steps=4000",
-    "trainer.eval_every=250",
-    "trainer.early_stop.min_step=1000",
-    "trainer.eval_batches=8",
-    "trainer.eval_scales=[1,4]",
-)
-GPU_MQAR_TEST = {"test_scales": FRONTIER_SCALES, "test_tokens": 262144, "models": {"*": GPU_RECALL_MODEL}}
+GPU_MQAR_TEST = {"test_scales": FRONTIER_SCALES, "test_tokens": 262144}
 GPU = Preset(
     name="gpu",
-    model=GPU_MODEL,
+    model="compare/gpu_model",
     entries=_entries(GPU_WINDOWS, GPU_HEAD_DIMS),
     headline=tuple(HEADLINE_ENTRIES),
     ablations=tuple(ablation_entries()),
@@ -432,13 +334,12 @@ GPU = Preset(
     ablation_task="mqar",
     frontier_tasks=("mqar", "mqar_8k"),
     tasks={
-        # Zoology's depth for recall (2 layers); at d=32, p=2 in bf16 the matched window is about 544 tokens a
-        # layer, so queries start 1,100 tokens after the pairs.
-        "mqar": Task("mqar", GPU_MQAR, lrs=GPU_LRS, seeds=(0, 1, 2), **GPU_MQAR_TEST),
-        # The frontier's second training length: the same cell at T=8192 (vocab > T), the same tokens a step.
+        # Zoology's depth for recall (2 layers) and the matched window's reach: compare/recipe/gpu_recall.yaml.
+        "mqar": Task("mqar", "compare/gpu_mqar", lrs=GPU_LRS, seeds=(0, 1, 2), **GPU_MQAR_TEST),
+        # The frontier's second training length: the same cell at T=8192, the same tokens a step.
         "mqar_8k": Task(
             "mqar",
-            with_overrides(GPU_MQAR, "data.seq_len=8192", "data.vocab_size=16384", "data.batch_size=16"),
+            "compare/gpu_mqar_8k",
             lrs=GPU_LRS,
             seeds=(0,),
             skip=("swa", "swa_matched", "hybrid", "hybrid_3to1", "power_deg4"),
@@ -446,18 +347,7 @@ GPU = Preset(
         ),
         "passkey": Task(
             "passkey",
-            with_overrides(
-                PASSKEY_RECIPE,
-                "data.seq_len=4096",
-                "data.batch_size=16",
-                "optim.warmup_steps=200",
-                "trainer.steps=3000",
-                "trainer.log_every=50",
-                "trainer.eval_every=250",
-                "trainer.early_stop.min_step=1000",
-                "trainer.eval_batches=4",
-                "trainer.eval_scales=[1,4]",
-            ),
+            "compare/gpu_passkey",
             lrs=GPU_LRS,
             seeds=(0, 1, 2),
             test_scales=(1, 16),
@@ -465,16 +355,7 @@ GPU = Preset(
         ),
         "text": Task(
             "text",
-            with_overrides(
-                TEXT_RECIPE,
-                "data.seq_len=2048",
-                "data.batch_size=32",
-                "optim.warmup_steps=500",
-                "trainer.steps=10000",
-                "trainer.log_every=50",
-                "trainer.eval_batches=16",
-                "trainer.eval_scales=[1,2,4,8,16]",
-            ),
+            "compare/gpu_text",
             lrs=(3e-4, 1e-3, 3e-3),
             seeds=(0, 1, 2),
             test_scales=(1, 16),
@@ -493,30 +374,20 @@ GPU = Preset(
     long_eval_bytes=100 * 2**30,
 )
 
-GPU_SMALL_MODEL = with_overrides(GPU_MODEL, "model.n_layers=4")  # 4 layers: compilation dominates a 10-minute call
 GPU_SMALL = Preset(
     name="gpu_small",
-    model=GPU_SMALL_MODEL,
+    model="compare/gpu_small_model",  # 4 layers: compilation dominates a 10-minute call
     entries=HEADLINE_ENTRIES,
     headline=("softmax", "swa_matched", "power", "hybrid"),
     tasks={
         "mqar": Task(
             "mqar",
-            with_overrides(
-                MQAR_RECIPE,
-                *GPU_MQAR_CELL,
-                "data.batch_size=16",
-                "optim.warmup_steps=100",
-                "trainer.steps=600",
-                "trainer.eval_every=100",
-                "trainer.early_stop.min_step=300",
-            ),
+            "compare/gpu_small_mqar",
             lrs=(1e-3,),
             seeds=(0,),
             test_scales=(1, 16),
             test_batches=2,
             test_tokens=262144,
-            models={"*": GPU_RECALL_MODEL},
         ),
     },
     speed=Speed(
@@ -538,34 +409,10 @@ GPU_SMALL = Preset(
 # roughly 5-15 s each: 5-8 minutes in all. Run it with a 600 s timeout; the speed half alone is --skip-quality.
 GPU_SMALL_ESTIMATE = "about 6-8 minutes on one H200, mostly compilation (30-40 programs)"
 
-SMOKE_MODEL = (
-    "model.n_layers=2",
-    "model.n_heads=2",
-    "model.n_kv_heads=2",
-    "model.head_dim=8",
-    "model.window=8",
-    "model.conv_size=4",
-    "model.qk_norm=true",
-    "model.target_params=20000",
-)
-SMOKE_MQAR = with_overrides(
-    MQAR_RECIPE,
-    "data.vocab_size=80",
-    "data.batch_size=4",
-    "~optim.weight_decay",
-    "optim.warmup_steps=1",
-    "trainer.steps=3",
-    "trainer.log_every=1",
-    "trainer.eval_every=1",  # the rule runs; with patience 3 it cannot stop a 3-step run
-    "trainer.early_stop.patience=3",
-    "trainer.early_stop.min_step=0",
-    "trainer.eval_batches=1",
-    "trainer.eval_scales=[1,2]",
-)
 SMOKE_TEST = {"test_batches": 1, "test_tokens": 256, "decode_chunk": 16}
 SMOKE = Preset(
     name="smoke",
-    model=SMOKE_MODEL,
+    model="compare/smoke_model",
     entries={
         **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power")},
         "power_nogate": ablation_entries()["power_nogate"],
@@ -581,7 +428,7 @@ SMOKE = Preset(
     tasks={
         "mqar": Task(
             "mqar",
-            SMOKE_MQAR,
+            "compare/smoke_mqar",
             lrs=(1e-3, 1e-2),
             seeds=(0, 1),
             test_scales=(1, 4),
@@ -591,7 +438,7 @@ SMOKE = Preset(
         ),
         "mqar_t32": Task(  # the frontier's second training length
             "mqar",
-            with_overrides(SMOKE_MQAR, "data.seq_len=32", "data.min_gap=8"),
+            "compare/smoke_mqar_t32",
             lrs=(1e-3, 1e-2),
             seeds=(0,),
             skip=("swa_matched", "mamba2"),
@@ -617,12 +464,6 @@ SMOKE = Preset(
 # about step 300 of a 1,200-step schedule on the near cell, and not within 400 steps of a 400-step one:
 # results/convergence_notes.md section 5). One lr (1e-2, the cpu sweep's best for P and A) and one seed: a
 # learning-curve study, not a tuned comparison.
-BUDGET_MQAR = with_overrides(
-    MQAR_RECIPE,
-    "trainer.steps=2000",
-    "trainer.eval_every=100",
-    "trainer.early_stop.min_step=1000",
-)
 BUDGET_TASK = dict(lrs=(1e-2,), seeds=(0,), lr_extensions=0, test_scales=(1, 4), test_batches=2, test_tokens=16384)
 BUDGET = Preset(
     name="cpu_budget",
@@ -630,8 +471,8 @@ BUDGET = Preset(
     entries={"softmax": HEADLINE_ENTRIES["softmax"], "power": HEADLINE_ENTRIES["power"], **FIXED_STATE_ENTRIES},
     headline=("softmax", "power", *FIXED_STATE_ENTRIES),
     tasks={
-        "mqar": Task("mqar", BUDGET_MQAR, **BUDGET_TASK),
-        "mqar_near": Task("mqar", with_overrides(BUDGET_MQAR, "data.min_gap=0"), **BUDGET_TASK),
+        "mqar": Task("mqar", "compare/cpu_budget_mqar", **BUDGET_TASK),
+        "mqar_near": Task("mqar", "compare/cpu_budget_mqar_near", **BUDGET_TASK),
     },
     speed=None,
     peak_flops=CPU.peak_flops,
@@ -676,50 +517,29 @@ RECIPES = Preset(
     tasks={
         "mqar_nokeys": Task(
             "mqar",
-            with_overrides(CPU_MQAR, "data.filler=values"),
+            "compare/recipes_mqar_nokeys",
             **RECIPE_TASK,
             skip=("power_const", "power_rope_const"),
         ),
-        "mqar": Task("mqar", CPU_MQAR, **RECIPE_TASK),
+        "mqar": Task("mqar", "compare/cpu_mqar", **RECIPE_TASK),
     },
     speed=None,
     peak_flops=CPU.peak_flops,
 )
 
 DEMO_YAML = Path(CONFIG_DIR) / "experiment" / "mqar_demo.yaml"
-
-
-def _override_value(value) -> str:
-    """A YAML value as Hydra's command line writes it: [1,4], true, 0.01."""
-    if isinstance(value, list):
-        return "[" + ",".join(map(str, value)) + "]"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def demo_overrides(group: str, leave_out: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """What retention/configs/experiment/mqar_demo.yaml sets in `group` (model, data, optim, trainer) as override
-    strings, less the keys in `leave_out` (the sweep's own model.name interpolation is always left out)."""
-    values = OmegaConf.to_container(OmegaConf.load(DEMO_YAML)[group], resolve=False)
-    skip = {*leave_out, "name"} if group == "model" else set(leave_out)
-    return tuple(f"{group}.{k}={_override_value(v)}" for k, v in values.items() if k not in skip)
-
-
-# The demo as a preset: `make demo`'s far cell and models, read from its YAML (the cell is written there only), so
-# the comparison's protocol (lr sweep, seeds, test eval, report) runs on exactly the demo's runs.
+# The demo as a preset: `make demo`'s far cell and models (compare/demo.yaml: the demo's experiment file, the cell
+# written there only), so the comparison's protocol (lr sweep, seeds, test eval, report) runs on exactly the demo's
+# runs, at the demo's lr.
 DEMO = Preset(
     name="demo",
-    model=demo_overrides("model"),
+    model="compare/demo",
     entries={k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa", "power", "hybrid")},
     headline=("softmax", "swa", "power", "hybrid"),
     tasks={
         "mqar": Task(
             "mqar",
-            (
-                *demo_overrides("data"),
-                *demo_overrides("optim", ("lr",)),
-                *demo_overrides("trainer", ("ckpt_every",)),
-                *QUALITY_TRAINER,
-            ),
+            "compare/demo",
             lrs=(float(OmegaConf.load(DEMO_YAML).optim.lr),),
             seeds=(0,),
             test_scales=(1, 4),
@@ -737,17 +557,6 @@ DEMO = Preset(
 # position). The cpu preset's model; each mixer's recipe (docs/DESIGN.md section 3). Not yet run: at the 2-core
 # machine's 1.3-1.5k tokens/s for a 0.8M-parameter model at T = 2048 (PERF_LOG) a run of this 0.1M one takes
 # tens of minutes, the preset many hours; it is sized for a lent GPU or several resumed calls.
-LONG_TEXT = (
-    "data.seq_len=2048",
-    "data.batch_size=8",
-    "optim.warmup_steps=50",
-    "trainer.steps=600",
-    "trainer.log_every=25",
-    "trainer.eval_every=100",
-    "trainer.eval_batches=2",
-    "trainer.eval_scales=[1]",  # the long read is experiments.long_context's, from whole documents
-    *QUALITY_TRAINER,
-)
 LONG_ENTRIES = {
     **{k: HEADLINE_ENTRIES[k] for k in ("softmax", "swa_matched", "power", "hybrid")},
     **{k: ablation_entries()[k] for k in ("power_deg4", "hybrid_3to1")},
@@ -758,7 +567,7 @@ LONG = Preset(
     model=CPU.model,
     entries=LONG_ENTRIES,
     headline=tuple(LONG_ENTRIES),
-    tasks={"text_long": Task("long_text", LONG_TEXT, lrs=(3e-3, 1e-2), seeds=(0, 1, 2), test_scales=(1,))},
+    tasks={"text_long": Task("long_text", "compare/long_text", lrs=(3e-3, 1e-2), seeds=(0, 1, 2), test_scales=(1,))},
     speed=None,
     peak_flops=CPU.peak_flops,
 )
@@ -768,11 +577,6 @@ LONG = Preset(
 # T = 256, so weak evidence; one lr for want of CPU time), 500 steps of 4 x 2048 (4.1M tokens, a third of an epoch
 # of the training split). Not converged and one seed: it measures how each model's loss moves with position to
 # 65,536 after the same short training, not the models' final quality; its notes say so.
-LONG_CPU_TEXT = (
-    *(o for o in LONG_TEXT if not o.startswith(("data.batch_size=", "trainer.steps="))),
-    "data.batch_size=4",
-    "trainer.steps=500",
-)
 LONG_CPU_ENTRIES = {
     k: LONG_ENTRIES[k] for k in ("softmax", "swa_matched", "power", "hybrid", "gated_deltanet", "gla", "mamba2")
 }
@@ -781,7 +585,11 @@ LONG_CPU = Preset(
     model=CPU.model,
     entries=LONG_CPU_ENTRIES,
     headline=tuple(LONG_CPU_ENTRIES),
-    tasks={"text_long": Task("long_text", LONG_CPU_TEXT, lrs=(1e-2,), seeds=(0,), test_scales=(1,), lr_extensions=0)},
+    tasks={
+        "text_long": Task(
+            "long_text", "compare/long_cpu_text", lrs=(1e-2,), seeds=(0,), test_scales=(1,), lr_extensions=0
+        )
+    },
     speed=None,
     peak_flops=CPU.peak_flops,
 )
@@ -791,17 +599,6 @@ LONG_CPU = Preset(
 # same 4.1M tokens; 25 warm-up steps = the same 410k warm-up tokens), to read beside them at 64k. Softmax is not
 # trained here (its step at 16k is measured by the speed stage, beside the fixed states' at 2k and 16k with the
 # same tokens a step).
-LONG_CPU_16K_TEXT = (
-    *(
-        o
-        for o in LONG_CPU_TEXT
-        if not o.startswith(("data.seq_len=", "data.batch_size=", "trainer.steps=", "optim.warmup_steps="))
-    ),
-    "data.seq_len=16384",
-    "data.batch_size=1",
-    "optim.warmup_steps=25",
-    "trainer.steps=250",
-)
 LONG_CPU_16K_ENTRIES = {k: LONG_ENTRIES[k] for k in ("softmax", "power", "gated_deltanet", "gla", "mamba2")}
 LONG_CPU_16K = Preset(
     name="long_cpu_16k",
@@ -811,7 +608,7 @@ LONG_CPU_16K = Preset(
     tasks={
         "text_long": Task(
             "long_text",
-            LONG_CPU_16K_TEXT,
+            "compare/long_cpu_16k_text",
             lrs=(1e-2,),
             seeds=(0,),
             test_scales=(1,),

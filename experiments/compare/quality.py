@@ -70,10 +70,10 @@ def run_log(path: Path):
 
 
 def run_overrides(preset: Preset, run: Run) -> list[str]:
-    """Every override of the run, in train.py's syntax: the entry's model, the task's data and trainer, lr, seed."""
-    spec = preset.tasks[run.task]
+    """Every override of the run, in train.py's syntax: the entry's model and its task's experiment (data, optimiser,
+    trainer), the task's own overrides, lr, seed."""
     model = entry_overrides(run.entry, preset, run.task)
-    return [*model, f"data={spec.data}", *spec.overrides, f"optim.lr={run.lr:g}", f"seed={run.seed}"]
+    return [*model, *preset.tasks[run.task].overrides, f"optim.lr={run.lr:g}", f"seed={run.seed}"]
 
 
 def train_command(overrides: list[str], folder: Path) -> str:
@@ -281,11 +281,12 @@ UNCHANGED_KINDS = {"A", "W"}
 def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
     """{(task, entry, lr, seed): record} of `previous`'s runs to keep: those of each (task, entry) with no finished
     run among `records` (its folders are gone, or it has not run here), each one only when its compare.json
-    overrides are the ones the preset gives that run today and its resolved model section (`model`) is the one
-    they compose to today, so a run made with another recipe is never carried (a record from before runs kept
-    their model section is carried only for layers of A and W, whose defaults have not changed since). An
-    entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its best
-    learning rate is one sweep's); entries of one task may come from either.
+    overrides compose to the config the preset's overrides for that run compose to today (the same config written
+    another way, say a recipe's keys moved into its experiment file, is the same run) and its resolved model section
+    (`model`) is the one they compose to today, so a run made with another recipe is never carried (a record from
+    before runs kept their model section is carried only for layers of A and W, whose defaults have not changed
+    since). An entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its
+    best learning rate is one sweep's); entries of one task may come from either.
     Marked `carried_over: true`; its folder, TensorBoard curve and checkpoints may be gone (summary.json keeps the
     eval curve). This keeps a committed quality.json's results when a later call runs other tasks on a machine
     without the earlier runs' folders."""
@@ -297,9 +298,10 @@ def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
         if (task, entry) in found or task not in preset.tasks or entry not in preset.task_entries(task):
             continue
         overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
-        if overrides != run_overrides(preset, Run(*key)):
+        recorded = compose_config(overrides)
+        if recorded != compose_config(run_overrides(preset, Run(*key))):
             continue
-        today = resolved_model(compose_config(overrides))
+        today = resolved_model(recorded)
         if old.get("model") == today or (old.get("model") is None and set(today["pattern"]) <= UNCHANGED_KINDS):
             out[key] = {**old, "carried_over": True}
     return out

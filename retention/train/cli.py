@@ -1,6 +1,6 @@
 """The Hydra entry point, installed as the console script `retention-train` (and run by the repository's
 `python train.py`): `retention-train model=hybrid data=mqar data.seq_len=256`, or a sweep with
-`retention-train -m model=softmax,power,hybrid`. Configs: retention/configs/ (package data), typed by
+`retention-train -m model=softmax,power,hybrid`. Configs: configs/ (package data), typed by
 retention/train/config.py. Each run trains in its Hydra run folder, under the working directory unless hydra.run.dir
 says otherwise (run.json, Orbax checkpoints in checkpoints/, TensorBoard events in tb/, summary.json, a text run's
 loss_by_position.png, train.log) and resumes from its newest checkpoint when rerun with the same folder
@@ -30,7 +30,8 @@ register_configs()
 logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax logs every save at INFO
 
 
-# config_path is relative to this file: Hydra finds CONFIG_DIR as the package resource retention/configs.
+# config_path is relative to this file's package: Hydra finds CONFIG_DIR as the package retention.configs (the
+# repository's top-level configs/, installed there by pyproject.toml's package-dir).
 @hydra.main(version_base="1.3", config_path="../configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Train one run; returns its final loss (what a Hydra sweeper would minimise). The command line's overrides

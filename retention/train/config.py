@@ -1,6 +1,6 @@
 """The trainer's structured configs: typed dataclasses registered in Hydra's ConfigStore, and their value checks.
 
-Hydra merges the packaged configs (retention/configs/) over these schemas, so a misspelt key or a
+Hydra merges the packaged configs (configs/) over these schemas, so a misspelt key or a
 wrong type stops at start-up; `build` then checks values (lengths, vocab, divisibility) and raises ValueError
 naming the key, e.g. `data.seq_len`.
 
@@ -99,7 +99,7 @@ def _schema_field(parameter: inspect.Parameter) -> tuple:
 
 def _data_schema(task: str) -> type:
     """The data group's schema of `task`, made from its generator's keyword arguments and their defaults (the
-    generator owns them; retention/configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared
+    generator owns them; configs/data/<task>.yaml sets only what differs) on top of DataConfig's shared
     fields."""
     generator = TASKS[task]
     parameters = inspect.signature(generator).parameters.values()
@@ -240,8 +240,8 @@ def check_known_keys(cfg: Config) -> None:
 
 
 def register_configs() -> None:
-    """Store the schema as `base_config`, which retention/configs/config.yaml extends, and each data schema as
-    `data/<task>_schema`, which retention/configs/data/<task>.yaml extends; register the `folder_name` resolver
+    """Store the schema as `base_config`, which configs/config.yaml extends, and each data schema as
+    `data/<task>_schema`, which configs/data/<task>.yaml extends; register the `folder_name` resolver
     that the run and sweep folder paths pass model.name through (check_folder_name)."""
     if not OmegaConf.has_resolver("folder_name"):
         OmegaConf.register_new_resolver("folder_name", lambda value: check_folder_name("model.name", value))

@@ -4,9 +4,11 @@ its far cell, and the train-step timer runs the trainer's step."""
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hydra import compose, initialize_config_dir
 
 from experiments.compare.models import (
     compose_config,
@@ -14,11 +16,13 @@ from experiments.compare.models import (
     lm_cache_bytes,
     matched_window,
 )
-from experiments.compare.presets import PRESETS, SMOKE, with_overrides
+from experiments.compare.presets import PRESETS, SMOKE
 from experiments.compare.protocol import Run
 from experiments.compare.quality import run_overrides
 from experiments.compare.runs import METRICS
 from experiments.compare.speed import train_step_time
+from experiments.hydra_run import with_overrides
+from retention.configs import CONFIG_DIR
 from retention.train.config import build, make_dataset
 from tests.data.test_mqar_min_gap import query_distances
 
@@ -95,7 +99,7 @@ def test_matched_window_holds_the_state_bytes_and_reaches_no_key(preset, task):
 
 
 def test_the_demo_window_reaches_no_key_of_the_far_cell():
-    """retention/configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and
+    """configs/experiment/mqar_demo.yaml's W model (its sweep's pattern W): its layers' reach, window and
     short convolution, is shorter than every query's distance to its key on the far cell (the YAML's min_gap), and
     its KV cache holds fewer bytes than its P model's state (the window is no larger than the fixed state)."""
     demo = ["experiment=mqar_demo"]
@@ -124,7 +128,7 @@ def test_train_step_time_runs_the_trainer_step():
 
 @pytest.mark.parametrize("entry, pattern", [("softmax", "A"), ("swa", "W"), ("power", "P"), ("hybrid", "PA")])
 def test_the_demo_preset_is_the_demo(entry, pattern):
-    """The comparison's `demo` preset reads its cell from retention/configs/experiment/mqar_demo.yaml: each entry's
+    """The comparison's `demo` preset runs experiment=mqar_demo's cell (compare/demo.yaml includes it): each entry's
     run is the demo sweep's run of that pattern (model, data, optimiser and steps alike; only the name differs)."""
     demo = PRESETS["demo"]
     run = compose_config(run_overrides(demo, Run("mqar", entry, demo.tasks["mqar"].lrs[0], 0)))
@@ -134,6 +138,31 @@ def test_the_demo_preset_is_the_demo(entry, pattern):
     assert dataclasses.asdict(run.data) == dataclasses.asdict(sweep.data) and run.optim == sweep.optim
     assert (run.trainer.steps, run.trainer.eval_scales) == (sweep.trainer.steps, sweep.trainer.eval_scales)
     assert run.seed == sweep.seed
+
+
+EXPERIMENTS = Path(CONFIG_DIR) / "experiment"
+
+
+def composed_choices(overrides: list[str]) -> dict:
+    """The config group choices of config.yaml composed with `overrides`, as `python train.py` composes it."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return dict(compose("config", overrides=overrides, return_hydra_config=True).hydra.runtime.choices)
+
+
+@pytest.mark.parametrize(
+    "name", sorted(str(p.relative_to(EXPERIMENTS).with_suffix("")) for p in EXPERIMENTS.rglob("*.yaml"))
+)
+def test_every_experiment_file_composes_with_the_trainer_config(name):
+    """`python train.py experiment=<name>` composes for every experiment file (the comparison's cells and their
+    parts included): config.yaml with it, typed by the trainer's schema, so a misspelt key fails here."""
+    assert compose_config([f"experiment={name}"]).model.name
+
+
+@pytest.mark.parametrize("preset", PRESETS.values(), ids=lambda p: p.name)
+def test_every_task_experiment_sets_its_data(preset):
+    """A task's experiment file sets the data group the protocol reads the task by (its metric: runs.METRICS)."""
+    for name, task in preset.tasks.items():
+        assert composed_choices([f"experiment={task.experiment}"])["data"] == task.data, (preset.name, name)
 
 
 def test_with_overrides_changes_by_key():

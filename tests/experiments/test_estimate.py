@@ -42,7 +42,7 @@ def test_earliest_stop_of_the_rule():
     """cpu's mqar: evals every 50 steps, patience 4, min_step 600: no stop before 600 (patience alone: 250); with
     the rule off, the cap; never past the cap."""
     spec = CPU.tasks["mqar"]
-    cfg = compose_config([f"data={spec.data}", *spec.overrides])
+    cfg = compose_config([f"experiment={spec.experiment}", *spec.overrides])
     assert earliest_steps(cfg) == 600
     cfg.trainer.early_stop.min_step = 0
     assert earliest_steps(cfg) == 250
@@ -84,7 +84,7 @@ def test_estimate_from_the_committed_quality_json(tmp_path):
     """No run folder (a fresh clone): the runs recorded in quality.json, each with its overrides and seconds, give
     the fit; runs without seconds are left out; with neither, a ValueError names where it looked."""
     task = SMOKE.tasks["mqar"]
-    overrides = [f"data={task.data}", *task.overrides]
+    overrides = [f"experiment={task.experiment}", *task.overrides]
     runs = [
         {"record": {"task": "mqar", "overrides": [*overrides, "trainer.steps=10"], "cpu_s": 2.0 + 10 * 256 / 1280}},
         {"record": {"task": "mqar", "overrides": [*overrides, "trainer.steps=30"], "cpu_s": 2.0 + 30 * 256 / 1280}},
@@ -105,7 +105,7 @@ def test_estimate_command_from_a_fresh_clone(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit, match="no finished training run"):
         main(["--preset", "smoke"])
     task = SMOKE.tasks["mqar"]
-    run = {"record": {"task": "mqar", "overrides": [f"data={task.data}", *task.overrides], "cpu_s": 4.0}}
+    run = {"record": {"task": "mqar", "overrides": [f"experiment={task.experiment}", *task.overrides], "cpu_s": 4.0}}
     (tmp_path / "results" / "compare" / "smoke").mkdir(parents=True)
     (tmp_path / "results" / "compare" / "smoke" / "quality.json").write_text(json.dumps({"runs": [run]}))
     main(["--preset", "smoke"])

@@ -15,7 +15,7 @@ from flax import nnx
 from experiments.compare import quality
 from experiments.compare.evaluate import _forward_sums, decode_sums, evaluate_run, long_skip_note
 from experiments.compare.models import compose_config, config_yaml
-from experiments.compare.presets import SMOKE, TEST_OFFSET, Task, with_overrides
+from experiments.compare.presets import SMOKE, TEST_OFFSET, Task
 from experiments.compare.protocol import (
     Run,
     at_edge,
@@ -193,9 +193,10 @@ def fake_run(runs, preset, run: Run, accuracy: float) -> None:
 
 def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tmp_path):
     """The runs of a task none of whose folders is here come from the previous quality.json, marked, with the
-    learning rates they were run at; never when the preset's recipe for the run (its overrides, or the model they
-    resolve to) changed since, and never mixed with an entry's runs found in folders (the task's other entries
-    still carried)."""
+    learning rates they were run at, also when the recorded overrides write today's config another way (a recipe
+    moved into its experiment file); never when the preset's recipe for the run (the config its overrides compose
+    to, or the model they resolve to) changed since, and never mixed with an entry's runs found in folders (the
+    task's other entries still carried)."""
     runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
     for run in stage_jobs(CARRY, runs, "sweep"):
         fake_run(runs, CARRY, run, 0.8 if run.lr == 3e-3 else 0.5)
@@ -210,9 +211,20 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
     assert carried.keys() == finished.keys() and all(r["carried_over"] for r in carried.values())
     assert all(carried[k]["summary"] == finished[k]["summary"] for k in finished)
     assert second["tasks"]["mqar"]["entry_lrs"] == first["tasks"]["mqar"]["entry_lrs"]
-    task = dataclasses.replace(
-        CARRY.tasks["mqar"], overrides=with_overrides(CARRY.tasks["mqar"].overrides, "trainer.steps=7")
-    )
+    written_otherwise = {  # the experiment's data group named again on the command line: the same config
+        **first,
+        "runs": [
+            {**r, "record": {**r["record"], "overrides": ["data=mqar", *r["record"]["overrides"]]}}
+            for r in first["runs"]
+        ],
+    }
+    rewritten = {
+        (r["task"], r["entry"], r["lr"], r["seed"])
+        for r in collect(CARRY, elsewhere, previous=written_otherwise)["runs"]
+        if r.get("carried_over")
+    }
+    assert rewritten == finished.keys()
+    task = dataclasses.replace(CARRY.tasks["mqar"], overrides=("trainer.steps=7",))
     longer = dataclasses.replace(CARRY, tasks={"mqar": task})
     assert not [r for r in collect(longer, elsewhere, previous=first)["runs"] if r["summary"]]  # another recipe
     recipe_changed = {**first, "runs": [{**r, "model": {**r["model"], "decay_init": "paper"}} for r in first["runs"]]}
@@ -229,7 +241,7 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
 
 TINY_TASK = Task(
     "mqar",
-    SMOKE.tasks["mqar"].overrides,
+    SMOKE.tasks["mqar"].experiment,
     lrs=(1e-2,),
     seeds=(0,),
     test_scales=(1,),
@@ -240,7 +252,7 @@ TINY_TASK = Task(
 )
 TINY_T32 = dataclasses.replace(  # the frontier's second training length: softmax and its 4-bit cache
     TINY_TASK,
-    overrides=with_overrides(TINY_TASK.overrides, "data.seq_len=32", "data.min_gap=8"),
+    overrides=("data.seq_len=32", "data.min_gap=8"),
     skip=("power", "mamba2"),
 )
 TINY = dataclasses.replace(

@@ -138,7 +138,7 @@ LONG = dataclasses.replace(
     tasks={
         "mqar": Task(
             "mqar",
-            SMOKE.tasks["mqar"].overrides,
+            SMOKE.tasks["mqar"].experiment,
             lrs=(1e-2,),
             seeds=(0,),
             test_scales=(1,),

@@ -244,7 +244,7 @@ def test_slurm_launcher_requeues_on_timeout():
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_data_yaml_sets_only_what_differs_from_the_generator(task):
-    """Every data default has one owner, the generator: retention/configs/data/<task>.yaml sets only keys whose value
+    """Every data default has one owner, the generator: configs/data/<task>.yaml sets only keys whose value
     differs from the schema's default (made from the generator's signature), and the composed config is the schema's
     defaults with those keys."""
     yaml = OmegaConf.load(os.path.join(CONFIG_DIR, "data", f"{task}.yaml"))
