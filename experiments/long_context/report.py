@@ -10,6 +10,7 @@ from experiments.long_context.models import AS_TRAINED
 from experiments.plotting import color, log_ticks, save
 
 STYLES = {AS_TRAINED: "-", "linear": "--", "llama3": ":"}  # a line style per RoPE reading
+TRAINED_MARKERS = "o^s"  # a marker per training length in one figure, shortest first
 TABLE_BUCKETS = 5  # the text table's last position buckets
 
 
@@ -30,15 +31,18 @@ def position_ticks(length: int) -> list[int]:
 
 
 def text_figure(result: dict, path: Path) -> str:
-    """Held-out bits per byte against position (each bucket at its upper edge), one colour per model, a dotted
-    grey line at each training length; returns the file name."""
+    """Held-out bits per byte against position (each bucket at its upper edge), one colour per model, a line style
+    per RoPE reading, a dotted grey line at each training length; where the models were trained at several lengths,
+    a marker per training length (circles at the shortest) and the length in each label. Returns the file name."""
     fig = Figure(figsize=(7.5, 4.6))
     ax = fig.subplots()
+    trained = sorted({row["trained_length"] for row in result["models"]})
     for i, row in enumerate(result["models"]):
         points = [(b["hi"], b["bits_per_byte"]) for b in row["buckets"] if b["bits_per_byte"] is not None]
-        style = STYLES[row["rope"]]
-        ax.plot(*zip(*points), style, color=color(row["name"]) or f"C{i}", marker="o", ms=3, label=row["label"])
-    for T in sorted({row["trained_length"] for row in result["models"]}):
+        style, marker = STYLES[row["rope"]], TRAINED_MARKERS[trained.index(row["trained_length"]) % 3]
+        label = row["label"] + (f", trained at {tokens(row['trained_length'])}" if len(trained) > 1 else "")
+        ax.plot(*zip(*points), style, color=color(row["name"]) or f"C{i}", marker=marker, ms=3, label=label)
+    for T in trained:
         ax.axvline(T, color="gray", ls=":", lw=0.8)
     log_ticks(ax, position_ticks(result["length"]))
     ax.set_xlabel("position in the document (tokens; bucket [lo, hi) drawn at hi; dotted: training length)")

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from experiments.hydra_run import train_once
+from experiments.long_context import report
 from experiments.long_context.__main__ import main, merged
 from experiments.long_context.models import AS_TRAINED, Trained, rope_variants
 from experiments.long_context.recall import rows_and_batch
@@ -128,6 +129,29 @@ def test_merge_keeps_the_seeds_of_one_model_apart():
         ("seed1", "llama3", 0.3),
     ]
     assert got["command"] == ["first", "second"]
+
+
+def test_text_figure_tells_training_lengths_apart(tmp_path, monkeypatch):
+    """A model trained at 2k and at 16k: two lines of one colour told apart by marker and by the length in the
+    label; a result of one training length keeps its labels as they are."""
+    drawn = []
+    monkeypatch.setattr(report, "save", lambda fig, path: drawn.append(fig) or path.name)
+    buckets = [{"hi": hi, "bits_per_byte": 2.0} for hi in (16, 256, 4096)]
+    row = lambda T: {
+        "name": "power",
+        "rope": AS_TRAINED,
+        "label": "power (PP)",
+        "trained_length": T,
+        "buckets": buckets,
+    }
+    result = {"length": 4096, "documents": {"count": 1}, "models": [row(16384), row(2048)]}
+    report.text_figure(result, tmp_path / "two.png")
+    report.text_figure({**result, "models": [row(2048)]}, tmp_path / "one.png")
+    two, one = (fig.axes[0].get_lines() for fig in drawn)
+    two = [line for line in two if line.get_label()[0] != "_"]  # the training lengths' vertical lines are unlabelled
+    assert [line.get_label() for line in two] == ["power (PP), trained at 16k", "power (PP), trained at 2k"]
+    assert [line.get_marker() for line in two] == ["^", "o"] and two[0].get_color() == two[1].get_color()
+    assert [line.get_label() for line in one if line.get_label()[0] != "_"] == ["power (PP)"]
 
 
 @pytest.mark.xdist_group("long_context_runs")  # one worker trains the `runs` fixture, once
