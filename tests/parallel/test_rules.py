@@ -11,11 +11,10 @@ import yaml
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from retention.configs import CONFIG_DIR
 from retention.nn import LM, LMConfig
 from retention.parallel import DEFAULT_RULES, LOGICAL_AXES, check_rules
 from retention.parallel.rules import fit_spec
-
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "retention", "configs")
 
 
 @pytest.mark.parametrize(
@@ -41,7 +40,7 @@ def test_rules_normalised():
 
 
 def test_config_rules_are_the_default_rules():
-    with open(os.path.join(CONFIGS, "mesh", "auto.yaml")) as f:
+    with open(os.path.join(CONFIG_DIR, "mesh", "auto.yaml")) as f:
         assert check_rules(yaml.safe_load(f)["rules"]) == DEFAULT_RULES
 
 
