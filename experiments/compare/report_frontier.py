@@ -141,7 +141,7 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
     state beats the 4-bit KV cache of no fewer bytes."""
     if not tasks:
         return []
-    fig = Figure(figsize=(6.5 * len(tasks), 4.8))
+    fig = Figure(figsize=(6.5 * len(tasks), 8.0))  # the legends below the axes, off the points
     axes = fig.subplots(1, len(tasks), squeeze=False)[0]
     out = [
         "## The frontier: recall against decode-state bytes, by training length",
@@ -176,7 +176,7 @@ def frontier_section(res: Results, tasks: list[str], figdir: Path, rel: str) -> 
         ax.set(xscale="log", xlabel="decode-state bytes per sequence at the eval length (log)", ylabel="test accuracy")
         ax.set_title(f"{task}: trained at T={t['seq_len']}, evaluated at {_lengths(lengths)}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.13))
         header = ["model (layers)", f"bytes @{tokens(lengths[0])}", f"bytes @{tokens(lengths[-1])}"]
         header += [f"@{tokens(L)}" for L in lengths]
         out += [
