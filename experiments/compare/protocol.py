@@ -5,7 +5,7 @@ Stages, each resumable (a run with its summary.json, or its test.json, is never 
 1. "sweep": every trained entry of every task at each of the task's learning rates, seed `seeds[0]`;
    "extend": where an entry's best learning rate sits at its grid's edge, one more rate beyond that edge (the
    grid's own ratio), up to the task's `lr_extensions` steps; the report flags a best still at the edge;
-2. "seeds": a headline entry's other seeds at its best learning rate, once its sweep is complete;
+2. "seeds": a headline (or `seeded`) entry's other seeds at its best learning rate, once its sweep is complete;
 3. "test": every run at the best learning rate evaluated on the test draws; a quantized-cache entry evaluates its
    base's runs there.
 The best learning rate maximises the task's metric (minimises a loss) on the trainer's eval at 1x, the eval split's
@@ -50,9 +50,10 @@ def sweep_runs(preset: Preset) -> list[Run]:
 
 
 def seeds_of(preset: Preset, task: str, entry: str) -> tuple[int, ...]:
-    """The seeds reported for `entry` on `task`: all the task's for headline entries, the first for the others."""
+    """The seeds reported for `entry` on `task`: all the task's for headline and `seeded` entries, the first for
+    the others."""
     seeds = preset.tasks[task].seeds
-    return seeds if entry in preset.headline else seeds[:1]
+    return seeds if entry in preset.headline or entry in preset.seeded else seeds[:1]
 
 
 def trained_entry(preset: Preset, entry: str) -> str:

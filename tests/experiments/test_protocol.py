@@ -107,6 +107,17 @@ def test_seeds_wait_for_the_whole_sweep_then_run_at_the_best_lr(tmp_path):
     assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry in ("power_nogate", "softmax_kv4")]
 
 
+def test_a_seeded_entry_gets_every_seed_as_the_headline_does(tmp_path):
+    """An ablation reports its first seed only, unless the preset names it in `seeded`."""
+    for lr, acc in ((1e-3, 0.2), (3e-3, 0.6), (1e-2, 0.4)):
+        fake_summary(Run("mqar", "power_nogate", lr, 0).folder(tmp_path), acc)
+    assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power_nogate"]
+    seeded = dataclasses.replace(FAKE, seeded=("power_nogate",))
+    assert [r for r in stage_jobs(seeded, tmp_path, "seeds") if r.entry == "power_nogate"] == [
+        Run("mqar", "power_nogate", 3e-3, 5)
+    ]
+
+
 def test_a_best_at_the_edge_extends_the_sweep_before_the_seeds(tmp_path):
     """power's best of 1e-3..1e-2 is 1e-2: the extend stage trains 0.033 (first seed) and the seeds wait for it;
     once 0.033 is worse, the seeds run at 1e-2 and nothing is left to extend."""
