@@ -2,7 +2,7 @@
 parallel, data <- nn <- train <- the face: load, export, hf, generation, serve <- eval, the lm-eval adapter), serving
 and generation import nothing of the trainer, no module of `retention` imports itself back through others (at the
 top or inside a function), the ops are siblings on one floor (no op folder imports another's), the Pallas kernels
-import nothing of `retention` and are reached only through the ops' pallas.py files (power retention's, GLA's),
+import nothing of `retention` and are reached only through the ops' pallas.py files (power retention's, GLA's, GDN's),
 experiments/ runs downhill too (its helpers <- the benchmarks <- compare/ <- the scripts built on the comparison),
 `import retention.ops` loads neither the trainer's libraries nor Flax, `import retention` neither lm-eval nor torch,
 serving and generation load none of the trainer's libraries, and a missing trainer library names the `train` extra."""
@@ -28,7 +28,11 @@ LAYERS = {
     "retention.serve": 4,
     "retention.eval": 5,
 }
-KERNELS_IMPORTERS = ["retention/ops/gated_linear_attention/pallas.py", "retention/ops/power_retention/pallas.py"]
+KERNELS_IMPORTERS = [
+    "retention/ops/gated_delta_rule/pallas.py",
+    "retention/ops/gated_linear_attention/pallas.py",
+    "retention/ops/power_retention/pallas.py",
+]
 # (importer, imported): packages of the same or a lower layer that the importer still never imports
 APART = (("retention.serve", "retention.train"), ("retention.generation", "retention.train"))
 # The ops are siblings on one floor: an op folder (a package under retention/ops/) imports no other op folder, the

@@ -4,7 +4,8 @@ A leaf library like `pallas_kernels.power_retention` (whose block settings, matm
 reuses): arrays in, arrays out. Entry points:
 - `chunked_gla(q, k, v, F, R, f_q, f_k, gamma, S0, *, scale, chunk_size, ...) -> (o, S)` (chunked.py), under its
   VJP (vjp.py), differentiable in every input but R;
-- `check_supported(d_k, d_v, g, chunk, backend)`: what the kernels support.
+- `check_supported(d_k, d_v, g, chunk, backend)`: what the kernels support (pallas_kernels/matrix_state.py, shared
+  with the gated delta rule's).
 
 The recurrence is S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t. Per chunk of c tokens and
 kv-head (the caller's gates, the reset contract of retention/ops/decay.py): F [c, d_k] the inclusive cumulative
@@ -33,6 +34,7 @@ intra-chunk part. State traffic: N d^2 * 4 bytes written per pass, read by the o
 Unmeasured on a GPU or TPU (no device run yet).
 """
 
-from pallas_kernels.gated_linear_attention.chunked import check_supported, chunked_gla
+from pallas_kernels.gated_linear_attention.chunked import chunked_gla
+from pallas_kernels.matrix_state import check_supported
 
 __all__ = ["check_supported", "chunked_gla"]

@@ -1,38 +1,14 @@
 """The public chunked entry point of the GLA kernels: check, pad, lay out head-major, run the kernels under their VJP
-(vjp.py), crop; and what the kernels support."""
+(vjp.py), crop."""
 
 import jax.numpy as jnp
 from einops import rearrange
 from jaxtyping import Array, Float
 
-from pallas_kernels.gated_linear_attention.output_kernel import SUB_CHUNK
 from pallas_kernels.gated_linear_attention.vjp import Settings, gla_core
+from pallas_kernels.matrix_state import SUB_CHUNK, check_supported
 from pallas_kernels.power_retention.config import BlockSizes, matmul_for, resolve_backend, resolve_interpret
 from pallas_kernels.vma import same_varying
-
-
-def check_supported(d_k: int, d_v: int, g: int, chunk: int, backend: str) -> None:
-    """Raise ValueError, naming the value, for what the GLA kernels of `backend` do not support: the chunk must be a
-    multiple of SUB_CHUNK (16) on both backends; on GPU (Triton) it, d_k and d_v must be powers of two >= 16 and the
-    query heads per kv-head g a power of two.
-
-    Args:
-        d_k: the key dim.
-        d_v: the value dim.
-        g: query heads per kv-head.
-        chunk: tokens per chunk.
-        backend: "gpu" or "tpu".
-    """
-    if chunk % SUB_CHUNK:
-        raise ValueError(f"chunk_size={chunk}: the GLA kernels need a multiple of {SUB_CHUNK}")
-    if backend != "gpu":
-        return
-    pow2 = lambda n: n >= 1 and n & (n - 1) == 0
-    for name, value in (("chunk_size", chunk), ("d_k", d_k), ("d_v", d_v)):
-        if not (pow2(value) and value >= 16):
-            raise ValueError(f"{name}={value}: the Triton GLA kernels need a power of two >= 16")
-    if not pow2(g):
-        raise ValueError(f"query heads per kv-head {g}: the Triton GLA kernels need a power of two")
 
 
 def chunked_gla(

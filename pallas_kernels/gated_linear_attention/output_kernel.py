@@ -17,8 +17,6 @@ from pallas_kernels.power_retention.config import BlockSizes, compiler_params
 from pallas_kernels.power_retention.kernel_math import F32, Matmul, dot
 from pallas_kernels.vma import out_struct
 
-SUB_CHUNK = 16  # tokens per sub-chunk: the smallest Triton matmul side
-
 
 def sub_chunks(ref, n: int, s: int, head=()) -> list:
     """The n sub-chunks of s rows of a chunk's [c, w] block `ref` (`head`: leading indices), as float32 values."""

@@ -211,6 +211,33 @@ def chunk_gates(tokens: TokenGates, c: int) -> ChunkGates:
     return ChunkGates(F=jnp.cumsum(to_chunks(tokens.a, c), axis=3), R=R, poisoned=last_bad_document == R)
 
 
+def poisoned_tokens(tokens: TokenGates) -> Bool[Array, "B T H"]:
+    """Whether a bad token comes at or before each token in its document (across chunks): the rows the chunked
+    paths make NaN, for a path that runs on the cleaned inputs and puts the NaN back afterwards (the kernels).
+
+    Args:
+        tokens: the token gates (`token_gates`).
+
+    Returns:
+        bool [B, T, H].
+    """
+    document = jnp.cumsum(tokens.reset.astype(jnp.int32), axis=1)
+    return jax.lax.cummax(jnp.where(tokens.bad, document, -1), axis=1) == document
+
+
+def kernel_chunk(chunk_size: int) -> int:
+    """The Pallas kernels' chunk for an op's: the smallest power of two >= max(chunk_size, SUB_CHUNK) (the ops'
+    chunk sizes are powers of two; a decode step's may be any length).
+
+    Args:
+        chunk_size: the op's chunk.
+
+    Returns:
+        The kernels' chunk.
+    """
+    return max(SUB_CHUNK, 1 << (chunk_size - 1).bit_length())
+
+
 def poison_rows(y: Float[Array, "B N H g c e"], poisoned: Bool[Array, "B N H c"]) -> Float[Array, "B N H g c e"]:
     """y with NaN in the poisoned rows."""
     return jnp.where(poisoned[:, :, :, None, :, None], jnp.nan, y)

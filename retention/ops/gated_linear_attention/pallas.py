@@ -4,32 +4,18 @@ file is the op's only importer of them.
 It makes the reset contract's gates exactly as the XLA path does (`matrix_state.token_gates` and `chunk_gates`,
 `chunked.state_factors`) in the kernels' token layout, runs the kernels, and puts NaN back where a bad token (a
 non-finite k or v, a positive or NaN gate; the kernels see it zeroed) poisons its document: in that token's rows,
-every later row of its document, and the final state when the last document holds one (`_poisoned`).
+every later row of its document, and the final state when the last document holds one
+(`matrix_state.poisoned_tokens`).
 """
 
-import jax
 import jax.numpy as jnp
 from einops import rearrange
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 import pallas_kernels.gated_linear_attention as kernels
 from retention.ops.gated_linear_attention.chunked import state_factors
-from retention.ops.matrix_state import TokenGates, chunk_gates, token_gates
+from retention.ops.matrix_state import chunk_gates, kernel_chunk, poisoned_tokens, token_gates
 from retention.ops.platform import kernel_backend, kernel_interpret
-
-MIN_CHUNK = 16  # the kernels' sub-chunk: a shorter chunk (a decode step's) is rounded up to it
-
-
-def kernel_chunk(chunk_size: int) -> int:
-    """The kernels' chunk for the op's: the smallest power of two >= max(chunk_size, MIN_CHUNK) (the op's chunk
-    sizes are powers of two; a decode step's may be any length)."""
-    return max(MIN_CHUNK, 1 << (chunk_size - 1).bit_length())
-
-
-def _poisoned(tokens: TokenGates) -> Bool[Array, "B T H"]:
-    """Whether a bad token comes at or before each token in its document."""
-    document = jnp.cumsum(tokens.reset.astype(jnp.int32), axis=1)
-    return jax.lax.cummax(jnp.where(tokens.bad, document, -1), axis=1) == document
 
 
 def gated_linear_attention_pallas(
@@ -87,6 +73,6 @@ def gated_linear_attention_pallas(
         interpret=kernel_interpret(interpret),
         backend=kernel_backend(backend),
     )
-    poisoned = _poisoned(tokens)
+    poisoned = poisoned_tokens(tokens)
     o = jnp.where(jnp.repeat(poisoned, Hq // H, axis=2)[..., None], jnp.nan, o)
     return o, jnp.where(poisoned[:, -1, :, None, None], jnp.nan, S)

@@ -1,0 +1,56 @@
+"""The public entry point of the gated delta rule's kernels: check, lay out head-major, run the sequential pass under
+its VJP (vjp.py)."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from pallas_kernels.gated_delta_rule.vjp import Settings, delta_core
+from pallas_kernels.matrix_state import check_supported
+from pallas_kernels.power_retention.config import BlockSizes, matmul_for, resolve_backend, resolve_interpret
+from pallas_kernels.vma import same_varying
+
+
+def chunked_delta(
+    q: Float[Array, "B N H g c dk"],
+    A: Float[Array, "B N H g c c"],
+    W: Float[Array, "B N H c dk"],
+    U: Float[Array, "B N H c dv"],
+    k_out: Float[Array, "B N H c dk"],
+    gamma: Float[Array, "B N H"],
+    S0: Float[Array, "B H dk dv"],
+    *,
+    interpret: bool | None = None,
+    backend: str | None = None,
+    block_sizes: BlockSizes | None = None,
+) -> tuple[Float[Array, "B N H g c dv"], Float[Array, "B H dk dv"]]:
+    """The gated delta rule's pass over chunks from S0 (the package docstring), differentiable in every input.
+
+    Args:
+        q: q~ = scale q exp(F) per chunk, 0 after the chunk's first reset.
+        A: Q K^T times the intra-chunk decay, per chunk and query head.
+        W: (I + L)^-1 diag(beta exp(F)) K per chunk.
+        U: (I + L)^-1 diag(beta) V per chunk.
+        k_out: the keys decayed to their chunk's end, 0 outside its last document.
+        gamma: each chunk's decay of the carried state, 0 where the chunk resets.
+        S0: the initial state float32.
+        interpret: run in interpret mode; None: on a CPU.
+        backend: "gpu" or "tpu" kernels; None: the default device's (GPU's on a CPU).
+        block_sizes: Triton's warps and stages (its other fields are not read); None: the defaults.
+
+    Returns:
+        (o [B, N, H, g, c, d_v], the final state [B, H, d_k, d_v]), float32.
+
+    Raises:
+        ValueError: a shape the kernels of `backend` do not support (`check_supported`), naming it.
+    """
+    backend = resolve_backend(backend)
+    g, c, d_k = q.shape[3:]
+    check_supported(d_k, U.shape[-1], g, c, backend)
+    head_major = lambda x: jnp.moveaxis(x.astype(jnp.float32), 2, 1)
+    q, A, W, U, k_out, gamma, S0 = same_varying(q, A, W, U, k_out, gamma, S0)
+    settings = Settings(
+        backend, block_sizes or BlockSizes(None, None), matmul_for(jnp.float32), resolve_interpret(interpret)
+    )
+    args = (head_major(x) for x in (q, A, W, U, k_out, gamma[..., None, None]))
+    o, S = delta_core(settings, *args, S0)
+    return jnp.moveaxis(o, 1, 2), S
