@@ -116,8 +116,9 @@ H200 = AbstractMesh(
 
 
 def _kernels(d, backend):
-    """(name, function, abstract args) for the forward and the backward at head dim d, bf16, GQA, packed."""
-    B, T, Hq, H, chunk = 1, 256, 4, 2, 64
+    """(name, function, abstract args) for the forward and the backward at head dim d, bf16, GQA, packed, over 3
+    chunks (a chunk count that is not a power of two)."""
+    B, T, Hq, H, chunk = 1, 192, 4, 2, 64
     x = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
     args = (x(B, T, Hq, d), x(B, T, H, d), x(B, T, H, d), x(B, T, H, d, dt=jnp.float32), x(B, H, d, d, dt=jnp.float32))
     ids = x(B, T, dt=jnp.int32)
