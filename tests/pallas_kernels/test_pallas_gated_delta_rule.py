@@ -6,7 +6,8 @@ float64 token recurrence, and lowering for TPU (Mosaic) and an abstract H200 (Tr
   outputs, final state and the gradients in q, k, v, beta, log_g and the initial state against the float64
   recurrence's (`matrix_state_cases.check_chunked`), and the decode step fed in pieces against the recurrence's
   rows (`check_steps`), on random inputs: no decay, GQA, T not a multiple of the chunk, d_v != d_k, strong decays
-  with a weak beta, packed documents (segment_ids), from an initial state;
+  with a weak beta, packed documents (segment_ids), from an initial state; and with bf16 q, k, v (the oracle on
+  the rounded values) within the bf16 tolerance;
 - tpu: the TPU (Mosaic) variant through the op layer's kernel glue with backend="tpu", on the same table's chunked
   checks;
 - a NaN in k, an inf in v or a NaN beta gives NaN rows exactly where the XLA path gives them, a -inf gate resets as
@@ -59,6 +60,11 @@ CASES = [
 @pytest.mark.parametrize("case", params(CASES))
 def test_gpu_variant_chunked(case):
     check_chunked(GPU, case)
+
+
+@pytest.mark.parametrize("case", params(CASES[1:2]))
+def test_gpu_variant_chunked_bf16(case):
+    check_chunked(GPU, case, bf16=True)
 
 
 @pytest.mark.parametrize("case", params(CASES[1:]))

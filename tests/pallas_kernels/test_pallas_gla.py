@@ -6,7 +6,8 @@ lowering for TPU (Mosaic) and an abstract H200 (Triton).
   outputs, final state and the gradients in q, k, v, log_g and the initial state against the float64 recurrence's
   (`matrix_state_cases.check_chunked`), and the decode step fed in pieces against the recurrence's rows
   (`check_steps`), on random inputs: GQA, T not a multiple of the chunk, d_v != d_k, strong decays over two
-  sub-chunks, packed documents (segment_ids), from an initial state;
+  sub-chunks, packed documents (segment_ids), from an initial state; and with bf16 q, k, v (the oracle on the
+  rounded values) within the bf16 tolerance;
 - tpu: the TPU (Mosaic) variant through the op layer's kernel glue with backend="tpu", on the same table's chunked
   checks;
 - a NaN or inf in k or v, or a NaN gate, gives NaN rows exactly where the XLA path gives them (that token and the later
@@ -60,6 +61,11 @@ CASES = [
 @pytest.mark.parametrize("case", params(CASES))
 def test_gpu_variant_chunked(case):
     check_chunked(GPU, case)
+
+
+@pytest.mark.parametrize("case", params(CASES[1:2]))
+def test_gpu_variant_chunked_bf16(case):
+    check_chunked(GPU, case, bf16=True)
 
 
 @pytest.mark.parametrize("case", params(CASES[1:]))
