@@ -27,6 +27,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from retention.ops.chunking import default_chunk_size
 from retention.ops.decay import LOG_G_ZERO, decay_state, masked_exp
+from retention.ops.kernel_mesh import BATCH, HEADS, run_sharded, shard_plan
 from retention.ops.segments import document_starts
 from retention.ops.validation import FLOAT_DTYPES, check_chunk_size, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_int, concrete
@@ -236,6 +237,33 @@ def kernel_chunk(chunk_size: int) -> int:
         The kernels' chunk.
     """
     return max(SUB_CHUNK, 1 << (chunk_size - 1).bit_length())
+
+
+TOKEN_ROLES = (BATCH, None, HEADS, None)  # q, k, v, per-channel gates [B, T, H, d]: `kernel_mesh` roles
+SCALAR_ROLES = (BATCH, None, HEADS)  # per-token scalars (beta, scalar gates) [B, T, H]
+STATE_ROLES = (BATCH, HEADS, None, None)  # a state [B, H, d_k, d_v]
+SEGMENT_ROLES = (BATCH, None)  # segment_ids [B, T]
+
+
+def kernels_on_mesh(run, q, k, args: tuple, roles: tuple, *, interpret: bool):
+    """`run(*args) -> (o, state)`, a kernel path, inside a shard_map over the ambient mesh's batch and head axes
+    (`kernel_mesh`: Pallas calls cannot be partitioned by XLA), or as it is without a mesh.
+
+    Args:
+        run: the path on one device's rows and kv-heads.
+        q: the queries [B, T, Hq, d_k] (the plan reads B and the mesh from them).
+        k: the keys [B, T, H, d_k] (H).
+        args: run's arguments (None entries pass through).
+        roles: each argument's dim roles (TOKEN_ROLES, SCALAR_ROLES, STATE_ROLES, SEGMENT_ROLES).
+        interpret: whether the kernels run interpreted (the shard_map then skips its varying-axes check).
+
+    Returns:
+        run's (o [B, T, Hq, d_v], state [B, H, d_k, d_v]).
+    """
+    plan = shard_plan(q, k.shape[2])
+    if plan is None:
+        return run(*args)
+    return run_sharded(run, plan, args, roles, (TOKEN_ROLES, STATE_ROLES), check_vma=not interpret)
 
 
 def poison_rows(y: Float[Array, "B N H g c e"], poisoned: Bool[Array, "B N H c"]) -> Float[Array, "B N H g c e"]:

@@ -4,15 +4,27 @@ the op's only importer of them.
 The chunks' S-free operands (one triangular solve per chunk, batched) are the XLA path's own (`chunked.delta_chunks`);
 the kernels run the sequential pass over chunks, forward and backward. As for GLA's kernels, the bad tokens enter
 cleaned and NaN is put back by mask from a bad token to its document's end, and in the final state when the last
-document holds one (`matrix_state.poisoned_tokens`).
+document holds one (`matrix_state.poisoned_tokens`). Under a mesh the kernels run in a shard_map over its batch and
+head axes (`matrix_state.kernels_on_mesh`).
 """
+
+from functools import partial
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 import pallas_kernels.gated_delta_rule as kernels
 from retention.ops.gated_delta_rule.chunked import delta_chunks
-from retention.ops.matrix_state import from_chunks, kernel_chunk, poisoned_tokens
+from retention.ops.matrix_state import (
+    SCALAR_ROLES,
+    SEGMENT_ROLES,
+    STATE_ROLES,
+    TOKEN_ROLES,
+    from_chunks,
+    kernel_chunk,
+    kernels_on_mesh,
+    poisoned_tokens,
+)
 from retention.ops.platform import kernel_backend, kernel_interpret
 
 
@@ -51,9 +63,18 @@ def gated_delta_rule_pallas(
     Raises:
         ValueError: a shape the kernels of `backend` do not support (`kernels.check_supported`), naming it.
     """
+    interpret, backend = kernel_interpret(interpret), kernel_backend(backend)
+    run = partial(_on_device, scale=scale, chunk=kernel_chunk(chunk_size), backend=backend, interpret=interpret)
+    args = (q, k, v, beta, log_g, initial_state, segment_ids)
+    roles = (TOKEN_ROLES, TOKEN_ROLES, TOKEN_ROLES, SCALAR_ROLES, SCALAR_ROLES, STATE_ROLES, SEGMENT_ROLES)
+    return kernels_on_mesh(run, q, k, args, roles, interpret=interpret)
+
+
+def _on_device(q, k, v, beta, log_g, initial_state, segment_ids, *, scale, chunk, backend, interpret):
+    """`gated_delta_rule_pallas` on one device's rows and kv-heads."""
     T, Hq, H = q.shape[1], q.shape[2], k.shape[2]
     tokens, _, x, S0 = delta_chunks(
-        q, k, v, beta, log_g, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=kernel_chunk(chunk_size)
+        q, k, v, beta, log_g, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=chunk
     )
     o, S = kernels.chunked_delta(
         x.q,
@@ -63,8 +84,8 @@ def gated_delta_rule_pallas(
         x.k_out,
         x.decay,
         S0,
-        interpret=kernel_interpret(interpret),
-        backend=kernel_backend(backend),
+        interpret=interpret,
+        backend=backend,
     )
     poisoned = poisoned_tokens(tokens)
     o = jnp.where(jnp.repeat(poisoned, Hq // H, axis=2)[..., None], jnp.nan, from_chunks(o, T))

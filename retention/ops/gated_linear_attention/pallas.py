@@ -5,8 +5,11 @@ It makes the reset contract's gates exactly as the XLA path does (`matrix_state.
 `chunked.state_factors`) in the kernels' token layout, runs the kernels, and puts NaN back where a bad token (a
 non-finite k or v, a positive or NaN gate; the kernels see it zeroed) poisons its document: in that token's rows,
 every later row of its document, and the final state when the last document holds one
-(`matrix_state.poisoned_tokens`).
+(`matrix_state.poisoned_tokens`). Under a mesh the kernels run in a shard_map over its batch and head axes
+(`matrix_state.kernels_on_mesh`).
 """
+
+from functools import partial
 
 import jax.numpy as jnp
 from einops import rearrange
@@ -14,7 +17,16 @@ from jaxtyping import Array, Float, Int
 
 import pallas_kernels.gated_linear_attention as kernels
 from retention.ops.gated_linear_attention.chunked import state_factors
-from retention.ops.matrix_state import chunk_gates, kernel_chunk, poisoned_tokens, token_gates
+from retention.ops.matrix_state import (
+    SEGMENT_ROLES,
+    STATE_ROLES,
+    TOKEN_ROLES,
+    chunk_gates,
+    kernel_chunk,
+    kernels_on_mesh,
+    poisoned_tokens,
+    token_gates,
+)
 from retention.ops.platform import kernel_backend, kernel_interpret
 
 
@@ -51,8 +63,17 @@ def gated_linear_attention_pallas(
     Raises:
         ValueError: a shape the kernels of `backend` do not support (`kernels.check_supported`), naming it.
     """
+    interpret, backend = kernel_interpret(interpret), kernel_backend(backend)
+    run = partial(_on_device, scale=scale, chunk=kernel_chunk(chunk_size), backend=backend, interpret=interpret)
+    args = (q, k, v, log_g, initial_state, segment_ids)
+    roles = (TOKEN_ROLES, TOKEN_ROLES, TOKEN_ROLES, TOKEN_ROLES, STATE_ROLES, SEGMENT_ROLES)
+    return kernels_on_mesh(run, q, k, args, roles, interpret=interpret)
+
+
+def _on_device(q, k, v, log_g, initial_state, segment_ids, *, scale, chunk, backend, interpret):
+    """`gated_linear_attention_pallas` on one device's rows and kv-heads."""
     B, T, Hq, d_k = q.shape
-    H, d_v, c = k.shape[2], v.shape[-1], kernel_chunk(chunk_size)
+    H, d_v, c = k.shape[2], v.shape[-1], chunk
     tokens = token_gates(k, v, log_g, segment_ids, per_channel=True)
     gates = chunk_gates(tokens, c)
     f_q, f_k, gamma = state_factors(gates.F, gates.R)
@@ -70,8 +91,8 @@ def gated_linear_attention_pallas(
         S0,
         scale=scale,
         chunk_size=c,
-        interpret=kernel_interpret(interpret),
-        backend=kernel_backend(backend),
+        interpret=interpret,
+        backend=backend,
     )
     poisoned = poisoned_tokens(tokens)
     o = jnp.where(jnp.repeat(poisoned, Hq // H, axis=2)[..., None], jnp.nan, o)
