@@ -1,4 +1,9 @@
-"""What the matrix-state kernels (gated linear attention, the gated delta rule) share: the shapes they support."""
+"""What the matrix-state kernels (gated linear attention, the gated delta rule) share: the shapes they support, and
+rows of a value read and written by masked sums (no value slicing: Triton has none; a traced index works)."""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
 
 SUB_CHUNK = 16  # tokens per sub-chunk, and the smallest chunk: the smallest Triton matmul side
 
@@ -25,3 +30,32 @@ def check_supported(d_k: int, d_v: int, g: int, chunk: int, backend: str) -> Non
             raise ValueError(f"{name}={value}: the Triton kernels need a power of two >= 16")
     if not pow2(g):
         raise ValueError(f"query heads per kv-head {g}: the Triton kernels need a power of two")
+
+
+def row(x: Float[Array, "s n"], j) -> Float[Array, "1 n"]:
+    """Row j of x (j static or traced) as [1, n], by a masked sum over the rows.
+
+    Args:
+        x: a [s, n] value.
+        j: the row index.
+
+    Returns:
+        x[j] as [1, n].
+    """
+    rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+    return jnp.sum(jnp.where(rows == j, x, 0.0), axis=0, keepdims=True)
+
+
+def put_row(x_row: Float[Array, "1 n"], j, s: int) -> Float[Array, "s n"]:
+    """A value that is x_row in row j and 0 elsewhere.
+
+    Args:
+        x_row: the row [1, n].
+        j: its index (static or traced).
+        s: the rows of the result.
+
+    Returns:
+        [s, n].
+    """
+    rows = jax.lax.broadcasted_iota(jnp.int32, (s, x_row.shape[1]), 0)
+    return jnp.where(rows == j, x_row, 0.0)

@@ -1,9 +1,11 @@
-"""The public entry point of the gated delta rule's kernels: check, lay out head-major, run the sequential pass under
-its VJP (vjp.py)."""
+"""The public entry points of the gated delta rule's kernels: check, lay out head-major, run the chunks' operands
+(operands.py) and the sequential pass (vjp.py) under their VJPs."""
 
 import jax.numpy as jnp
+from einops import rearrange
 from jaxtyping import Array, Float
 
+from pallas_kernels.gated_delta_rule import operands
 from pallas_kernels.gated_delta_rule.vjp import Settings, delta_core
 from pallas_kernels.matrix_state import check_supported
 from pallas_kernels.power_retention.config import BlockSizes, matmul_for, resolve_backend, resolve_interpret
@@ -54,3 +56,59 @@ def chunked_delta(
     args = (head_major(x) for x in (q, A, W, U, k_out, gamma[..., None, None]))
     o, S = delta_core(settings, *args, S0)
     return jnp.moveaxis(o, 1, 2), S
+
+
+def chunk_operands(
+    q: Float[Array, "B N H g c dk"],
+    k: Float[Array, "B N H c dk"],
+    v: Float[Array, "B N H c dv"],
+    beta: Float[Array, "B N H c"],
+    F: Float[Array, "B N H c"],
+    R: Float[Array, "B N H c"],
+    *,
+    interpret: bool | None = None,
+    backend: str | None = None,
+    block_sizes: BlockSizes | None = None,
+) -> tuple[Float[Array, "B N H g c c"], Float[Array, "B N H c dk"], Float[Array, "B N H c dv"]]:
+    """Every chunk's A = Q K^T * D, W and U (wy_math.py), differentiable in every input but R.
+
+    Args:
+        q: the scaled queries per chunk.
+        k: keys (finite: the caller zeroes bad tokens).
+        v: values (likewise).
+        beta: the write strengths.
+        F: the cumulative log-gates per chunk, finite and non-increasing in a chunk.
+        R: the reset counts per chunk (any float or int dtype).
+        interpret: run in interpret mode; None: on a CPU.
+        backend: "gpu" or "tpu" kernels; None: the default device's (GPU's on a CPU).
+        block_sizes: Triton's warps and stages (its other fields are not read); None: the defaults.
+
+    Returns:
+        (A, W, U), float32.
+
+    Raises:
+        ValueError: a shape the kernels of `backend` do not support (`check_supported`), naming it.
+    """
+    backend = resolve_backend(backend)
+    g, c, d_k = q.shape[3:]
+    check_supported(d_k, v.shape[-1], g, c, backend)
+    q, k, v, beta, F, R = same_varying(q, k, v, beta, F, R)
+    settings = operands.Settings(
+        backend, block_sizes or BlockSizes(None, None), matmul_for(jnp.float32), resolve_interpret(interpret)
+    )
+    head_major = lambda x: jnp.moveaxis(x.astype(jnp.float32), 2, 1)
+    column = lambda x: head_major(x)[..., None]
+    as_row = lambda x: rearrange(head_major(x), "B H N c -> B H N 1 c")
+    A, W, U = operands.operands_core(
+        settings,
+        head_major(q),
+        head_major(k),
+        head_major(v),
+        column(beta),
+        as_row(beta),
+        column(F),
+        as_row(F),
+        column(R),
+        as_row(R),
+    )
+    return tuple(jnp.moveaxis(x, 1, 2) for x in (A, W, U))

@@ -3,7 +3,8 @@
 Forward: `chunk_step.forward_step` over the chunks in order (one kernel, `sequential.py`), saving the state
 entering every chunk. Backward: `chunk_step.backward_step` over the chunks in reverse from the final state's
 gradient, reading those saved states (no recomputation of states): the gradients of every chunk operand and of the
-initial state. The operands' own chain rule (the triangular solve, the gate factors) is the caller's XLA autodiff.
+initial state. The operands' own chain rule is their kernel's (operands.py) and, for the gate factors, the caller's
+XLA autodiff.
 """
 
 from functools import partial

@@ -13,34 +13,16 @@ No exponent is ever positive, so strong decays stay finite; masks are selections
 Gradients, given dO (the output's cotangent rows): dA = dO v^T on the visible pairs, dq_i = sum_j dA_ij k_j e_ij,
 dk_j = sum_i dA_ij q_i e_ij (e_ij the per-channel decay), dv = A^T dO. F's gradient is q . dq - k . dk per token
 (the exponent is linear in F_i and in -F_j), which the caller forms from these.
-Rows of a value are taken by masked sums (`row`), so nothing slices a value (Triton cannot) and a traced index works.
+Rows of a value are taken by masked sums (`row`, pallas_kernels/matrix_state.py), so nothing slices a value (Triton
+cannot) and a traced index works.
 """
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from pallas_kernels.matrix_state import put_row, row
 from pallas_kernels.power_retention.kernel_math import F32, Matmul, dot
-
-
-def row(x: Float[Array, "s n"], j) -> Float[Array, "1 n"]:
-    """Row j of x (j static or traced) as [1, n], by a masked sum over the rows.
-
-    Args:
-        x: a [s, n] value.
-        j: the row index.
-
-    Returns:
-        x[j] as [1, n].
-    """
-    rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
-    return jnp.sum(jnp.where(rows == j, x, 0.0), axis=0, keepdims=True)
-
-
-def _put_row(x_row: Float[Array, "1 n"], j, s: int) -> Float[Array, "s n"]:
-    """A [s, n] value that is x_row in row j and 0 elsewhere."""
-    rows = jax.lax.broadcasted_iota(jnp.int32, (s, x_row.shape[1]), 0)
-    return jnp.where(rows == j, x_row, 0.0)
 
 
 def _split(q_I, F_I, k_J, F_J):
@@ -154,8 +136,8 @@ def diagonal_grads(q_I, k_I, v_I, F_I, Rc_I, do_I: Float[Array, "s dv"]):
         e, k_j, a, keep = _key_column(q_I, k_I, F_I, Rc_I, j)
         dA = jnp.where(keep, jnp.sum(do_I * row(v_I, j), axis=1, keepdims=True), 0.0)
         dq = dq + dA * k_j * e
-        dk = dk + _put_row(jnp.sum(dA * q_I * e, axis=0, keepdims=True), j, s)
-        dv = dv + _put_row(jnp.sum(a * do_I, axis=0, keepdims=True), j, s)
+        dk = dk + put_row(jnp.sum(dA * q_I * e, axis=0, keepdims=True), j, s)
+        dv = dv + put_row(jnp.sum(a * do_I, axis=0, keepdims=True), j, s)
         return dq, dk, dv
 
     zeros = lambda n: jnp.zeros((s, n), F32)

@@ -1,6 +1,7 @@
-"""The gated delta rule's Pallas kernels (pallas_kernels/gated_delta_rule: the sequential pass over chunks, forward
-and backward), through the op layer (retention/ops/gated_delta_rule/pallas.py): interpret mode on CPU against the
-float64 token recurrence, and lowering for TPU (Mosaic) and an abstract H200 (Triton).
+"""The gated delta rule's Pallas kernels (pallas_kernels/gated_delta_rule: the chunks' WY/UT operands and the
+sequential pass over chunks, forward and backward), through the op layer (retention/ops/gated_delta_rule/pallas.py):
+interpret mode on CPU against the float64 token recurrence, and lowering for TPU (Mosaic) and an abstract H200
+(Triton).
 
 - gpu: the GPU (Triton) variant through the public ops with impl="pallas" (which picks it on CPU): the chunked op's
   outputs, final state and the gradients in q, k, v, beta, log_g and the initial state against the float64

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from retention.ops.decay import causal_decay, decay_state, gate_factors
+from retention.ops.decay import causal_decay, decay_state, gate_factors, masked_exp
 from retention.ops.matrix_state import ChunkGates, TokenGates, chunked_inputs, poison_state, scan_state, to_chunks
 
 
@@ -40,10 +40,40 @@ class DeltaChunks(NamedTuple):
     continues: Bool[Array, "B N H"]
 
 
+def xla_operands(
+    q_c: Float[Array, "B N H g c dk"],
+    k_c: Float[Array, "B N H c dk"],
+    v_c: Float[Array, "B N H c dv"],
+    beta_c: Float[Array, "B N H c"],
+    F: Float[Array, "B N H c"],
+    R: Int[Array, "B N H c"],
+) -> tuple[Float[Array, "B N H g c c"], Float[Array, "B N H c dk"], Float[Array, "B N H c dv"]]:
+    """The chunks' A = Q K^T * D, W and U (module docstring) in XLA: one triangular solve per chunk, batched.
+
+    Args:
+        q_c: the scaled queries per chunk.
+        k_c: the keys.
+        v_c: the values.
+        beta_c: the write strengths.
+        F: the cumulative log-gates.
+        R: the reset counts.
+
+    Returns:
+        (A, W, U), float32.
+    """
+    c, d_v, beta_c = k_c.shape[-2], v_c.shape[-1], beta_c[..., None]
+    D = causal_decay(F, R)  # [B, N, H, c, c]
+    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
+    L = jnp.where(strictly_lower, beta_c * jnp.einsum("bnhid,bnhjd->bnhij", k_c, k_c) * D, 0.0)
+    rhs = jnp.concatenate([beta_c * v_c, beta_c * masked_exp(F, R == 0)[..., None] * k_c], axis=-1)
+    solved = jax.lax.linalg.triangular_solve(L, rhs, left_side=True, lower=True, unit_diagonal=True)
+    return jnp.einsum("bnhgid,bnhjd->bnhgij", q_c, k_c) * D[:, :, :, None], solved[..., d_v:], solved[..., :d_v]
+
+
 def delta_chunks(
-    q, k, v, beta, log_g, initial_state, *, segment_ids, scale: float, chunk_size: int
+    q, k, v, beta, log_g, initial_state, *, segment_ids, scale: float, chunk_size: int, operands=xla_operands
 ) -> tuple[TokenGates, ChunkGates, DeltaChunks, Float[Array, "B H dk dv"]]:
-    """The chunked paths' (XLA and Pallas) common start: one triangular solve per chunk, batched over all chunks.
+    """The chunked paths' (XLA and Pallas) common start.
 
     Args:
         q: queries [B, T, Hq, d_k].
@@ -55,24 +85,17 @@ def delta_chunks(
         segment_ids: int [B, T] or None.
         scale: multiplies q.
         chunk_size: tokens per chunk.
+        operands: (q_c, k_c, v_c, beta_c, F, R) -> (A, W, U) per chunk (`xla_operands`, or the kernels').
 
     Returns:
         (the token gates, the chunk gates, the chunks' operands, S0).
     """
-    d_v, c = v.shape[-1], chunk_size
+    c = chunk_size
     tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(
         q, k, v, log_g, segment_ids, initial_state, scale=scale, c=c, beta=beta
     )
-    beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]
     fq, fk, decay = gate_factors(gates.F, gates.R, 1)
-    D = causal_decay(gates.F, gates.R)  # [B, N, H, c, c]
-
-    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
-    L = jnp.where(strictly_lower, beta_c * jnp.einsum("bnhid,bnhjd->bnhij", k_c, k_c) * D, 0.0)
-    rhs = jnp.concatenate([beta_c * v_c, beta_c * fq[..., None] * k_c], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(L, rhs, left_side=True, lower=True, unit_diagonal=True)
-    U, W = solved[..., :d_v], solved[..., d_v:]
-    A = jnp.einsum("bnhgid,bnhjd->bnhgij", q_c, k_c) * D[:, :, :, None]
+    A, W, U = operands(q_c, k_c, v_c, to_chunks(tokens.beta, c), gates.F, gates.R)
     k_out = k_c * fk[..., None]  # keys of the chunk's last document, decayed to its end
     continues = gates.R[..., -1] == 0  # the chunk's last document started before it: S's terms enter S'
     chunks = DeltaChunks(q_c * fq[:, :, :, None, :, None], A, W, U, k_out, decay, continues)

@@ -2,8 +2,8 @@
 
 impl = "xla" | "pallas" (DELTA_IMPLS; no "auto" rule, so "xla" is the default):
 - "xla": the chunked WY/UT form in plain JAX (`chunked.py`), on every backend;
-- "pallas": the same chunk operands, with the sequential pass over chunks (forward and backward) in the Pallas
-  kernels (`pallas.py`), interpreted on CPU; raises ValueError for the shapes they do not support (on GPU: d_k, d_v
+- "pallas": the Pallas kernels (`pallas.py`: the chunks' WY/UT operands and the sequential pass over chunks,
+  forward and backward), interpreted on CPU; raises ValueError for the shapes they do not support (on GPU: d_k, d_v
   and the chunk powers of two >= 16, query heads per kv-head a power of two). Under a mesh they run in a
   shard_map over its batch and head axes (`matrix_state.kernels_on_mesh`).
 Both take the same gates, resets and initial state, and give NaN where a bad token poisons its document.

@@ -1,8 +1,9 @@
 """The Pallas kernels behind the gated delta rule (`pallas_kernels.gated_delta_rule`, impl="pallas"): this file is
 the op's only importer of them.
 
-The chunks' S-free operands (one triangular solve per chunk, batched) are the XLA path's own (`chunked.delta_chunks`);
-the kernels run the sequential pass over chunks, forward and backward. As for GLA's kernels, the bad tokens enter
+The chunked path's start is the XLA path's own (`chunked.delta_chunks`) with the chunks' WY/UT operands (A, W, U: one
+unit-triangular solve per chunk) from the operands kernel in place of `chunked.xla_operands`; the sequential pass over
+chunks is the second kernel; both forward and backward. As for GLA's kernels, the bad tokens enter
 cleaned and NaN is put back by mask from a bad token to its document's end, and in the final state when the last
 document holds one (`matrix_state.poisoned_tokens`). Under a mesh the kernels run in a shard_map over its batch and
 head axes (`matrix_state.kernels_on_mesh`).
@@ -73,8 +74,9 @@ def gated_delta_rule_pallas(
 def _on_device(q, k, v, beta, log_g, initial_state, segment_ids, *, scale, chunk, backend, interpret):
     """`gated_delta_rule_pallas` on one device's rows and kv-heads."""
     T, Hq, H = q.shape[1], q.shape[2], k.shape[2]
+    on_kernels = partial(kernels.chunk_operands, interpret=interpret, backend=backend)
     tokens, _, x, S0 = delta_chunks(
-        q, k, v, beta, log_g, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=chunk
+        q, k, v, beta, log_g, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=chunk, operands=on_kernels
     )
     o, S = kernels.chunked_delta(
         x.q,
