@@ -12,6 +12,21 @@ from pallas_kernels.power_retention.config import BlockSizes, matmul_for, resolv
 from pallas_kernels.vma import same_varying
 
 
+def _settings(q, d_v: int, backend, interpret, block_sizes) -> Settings:
+    """The kernels' settings for queries q [B, N, H, g, c, d_k] and d_v value columns (float32 operands, exact
+    matmuls), after `check_supported`."""
+    backend = resolve_backend(backend)
+    g, c, d_k = q.shape[3:]
+    check_supported(d_k, d_v, g, c, backend)
+    blocks = block_sizes or BlockSizes(None, None)
+    return Settings(backend, blocks, matmul_for(jnp.float32), resolve_interpret(interpret))
+
+
+def _head_major(x):
+    """[B, N, H, ...] -> [B, H, N, ...] float32."""
+    return jnp.moveaxis(x.astype(jnp.float32), 2, 1)
+
+
 def chunked_delta(
     q: Float[Array, "B N H g c dk"],
     A: Float[Array, "B N H g c c"],
@@ -45,15 +60,9 @@ def chunked_delta(
     Raises:
         ValueError: a shape the kernels of `backend` do not support (`check_supported`), naming it.
     """
-    backend = resolve_backend(backend)
-    g, c, d_k = q.shape[3:]
-    check_supported(d_k, U.shape[-1], g, c, backend)
-    head_major = lambda x: jnp.moveaxis(x.astype(jnp.float32), 2, 1)
+    settings = _settings(q, U.shape[-1], backend, interpret, block_sizes)
     q, A, W, U, k_out, gamma, S0 = same_varying(q, A, W, U, k_out, gamma, S0)
-    settings = Settings(
-        backend, block_sizes or BlockSizes(None, None), matmul_for(jnp.float32), resolve_interpret(interpret)
-    )
-    args = (head_major(x) for x in (q, A, W, U, k_out, gamma[..., None, None]))
+    args = (_head_major(x) for x in (q, A, W, U, k_out, gamma[..., None, None]))
     o, S = delta_core(settings, *args, S0)
     return jnp.moveaxis(o, 1, 2), S
 
@@ -89,21 +98,15 @@ def chunk_operands(
     Raises:
         ValueError: a shape the kernels of `backend` do not support (`check_supported`), naming it.
     """
-    backend = resolve_backend(backend)
-    g, c, d_k = q.shape[3:]
-    check_supported(d_k, v.shape[-1], g, c, backend)
+    settings = _settings(q, v.shape[-1], backend, interpret, block_sizes)
     q, k, v, beta, F, R = same_varying(q, k, v, beta, F, R)
-    settings = operands.Settings(
-        backend, block_sizes or BlockSizes(None, None), matmul_for(jnp.float32), resolve_interpret(interpret)
-    )
-    head_major = lambda x: jnp.moveaxis(x.astype(jnp.float32), 2, 1)
-    column = lambda x: head_major(x)[..., None]
-    as_row = lambda x: rearrange(head_major(x), "B H N c -> B H N 1 c")
+    column = lambda x: _head_major(x)[..., None]
+    as_row = lambda x: rearrange(_head_major(x), "B H N c -> B H N 1 c")
     A, W, U = operands.operands_core(
         settings,
-        head_major(q),
-        head_major(k),
-        head_major(v),
+        _head_major(q),
+        _head_major(k),
+        _head_major(v),
         column(beta),
         as_row(beta),
         column(F),

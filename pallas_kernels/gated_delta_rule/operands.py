@@ -7,25 +7,16 @@ back whole through the column views (and F's row share through its row view), th
 """
 
 from functools import partial
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from pallas_kernels.gated_delta_rule.vjp import Settings
 from pallas_kernels.gated_delta_rule.wy_math import operand_grads, operands
-from pallas_kernels.power_retention.config import BlockSizes, compiler_params
-from pallas_kernels.power_retention.kernel_math import F32, Matmul
+from pallas_kernels.power_retention.config import compiler_params
+from pallas_kernels.power_retention.kernel_math import F32
 from pallas_kernels.vma import out_struct
-
-
-class Settings(NamedTuple):
-    """Static settings of one call (hashable)."""
-
-    backend: str
-    blocks: BlockSizes
-    mm: Matmul
-    interpret: bool
 
 
 def _per_chunk(kernel, inputs: list, outputs: list, s: Settings):

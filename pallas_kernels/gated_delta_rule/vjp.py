@@ -19,7 +19,7 @@ from pallas_kernels.power_retention.kernel_math import F32, Matmul
 
 
 class Settings(NamedTuple):
-    """Static settings of one call (hashable)."""
+    """Static settings of one call of either kernel (hashable)."""
 
     backend: str
     blocks: BlockSizes
