@@ -66,9 +66,11 @@ class Case:
         return f"{shape}-{self.gate}-beta_{self.beta}-c{self.chunk}{init}{packed}"
 
 
-def params(cases) -> list:
-    """pytest params (case, id=case.id), each case's tests in one xdist group (its inputs and oracle made once)."""
-    return [pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(case.id)) for case in cases]
+def params(cases, slow=()) -> list:
+    """pytest params (case, id=case.id), each case's tests in one xdist group (its inputs and oracle made once); the
+    cases in `slow` (further cases of what the others check) marked slow too."""
+    marks = lambda case: [pytest.mark.xdist_group(case.id)] + ([pytest.mark.slow] if case in slow else [])
+    return [pytest.param(case, id=case.id, marks=marks(case)) for case in cases]
 
 
 @functools.cache

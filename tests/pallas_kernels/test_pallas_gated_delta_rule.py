@@ -14,6 +14,8 @@ interpret mode on CPU against the float64 token recurrence, and lowering for TPU
 - a NaN in k, an inf in v or a NaN beta gives NaN rows exactly where the XLA path gives them, a -inf gate resets as
   there, and the other rows equal the XLA path's;
 - what the kernels do not support raises, naming the argument.
+The quick tier (`make test`) runs the chunked checks on every case but the one-token one, the steps on the first,
+the TPU variant on the d_v != d_k case; the rest are marked slow (further cases of the same checks).
 """
 
 from functools import partial
@@ -58,7 +60,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", params(CASES))
+@pytest.mark.parametrize("case", params(CASES, slow=CASES[:1]))
 def test_gpu_variant_chunked(case):
     check_chunked(GPU, case)
 
@@ -68,12 +70,12 @@ def test_gpu_variant_chunked_bf16(case):
     check_chunked(GPU, case, bf16=True)
 
 
-@pytest.mark.parametrize("case", params(CASES[1:]))
+@pytest.mark.parametrize("case", params(CASES[1:], slow=CASES[2:]))
 def test_gpu_variant_steps(case):
     check_steps(GPU, case)
 
 
-@pytest.mark.parametrize("case", params(CASES[1:]))
+@pytest.mark.parametrize("case", params(CASES[1:], slow=CASES[1:2] + CASES[3:]))
 def test_tpu_variant_chunked(case):
     check_chunked(TPU, case)
 
