@@ -27,6 +27,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from retention.ops.chunking import default_chunk_size
 from retention.ops.decay import LOG_G_ZERO, decay_state, masked_exp
+from retention.ops.kernel_mesh import BATCH, HEADS, run_sharded, shard_plan
 from retention.ops.segments import document_starts
 from retention.ops.validation import FLOAT_DTYPES, check_chunk_size, check_qkv, check_scale, check_segment_ids
 from retention.validation import check_int, concrete
@@ -209,6 +210,60 @@ def chunk_gates(tokens: TokenGates, c: int) -> ChunkGates:
     R = jnp.cumsum(to_chunks(tokens.reset, c).astype(jnp.int32), axis=3)
     last_bad_document = jax.lax.cummax(jnp.where(to_chunks(tokens.bad, c), R, -1), axis=3)
     return ChunkGates(F=jnp.cumsum(to_chunks(tokens.a, c), axis=3), R=R, poisoned=last_bad_document == R)
+
+
+def poisoned_tokens(tokens: TokenGates) -> Bool[Array, "B T H"]:
+    """Whether a bad token comes at or before each token in its document (across chunks): the rows the chunked
+    paths make NaN, for a path that runs on the cleaned inputs and puts the NaN back afterwards (the kernels).
+
+    Args:
+        tokens: the token gates (`token_gates`).
+
+    Returns:
+        bool [B, T, H].
+    """
+    document = jnp.cumsum(tokens.reset.astype(jnp.int32), axis=1)
+    return jax.lax.cummax(jnp.where(tokens.bad, document, -1), axis=1) == document
+
+
+def kernel_chunk(chunk_size: int) -> int:
+    """The Pallas kernels' chunk for an op's: the smallest power of two >= max(chunk_size, SUB_CHUNK) (the ops'
+    chunk sizes are powers of two; a decode step's may be any length).
+
+    Args:
+        chunk_size: the op's chunk.
+
+    Returns:
+        The kernels' chunk.
+    """
+    return max(SUB_CHUNK, 1 << (chunk_size - 1).bit_length())
+
+
+TOKEN_ROLES = (BATCH, None, HEADS, None)  # q, k, v, per-channel gates [B, T, H, d]: `kernel_mesh` roles
+SCALAR_ROLES = (BATCH, None, HEADS)  # per-token scalars (beta, scalar gates) [B, T, H]
+STATE_ROLES = (BATCH, HEADS, None, None)  # a state [B, H, d_k, d_v]
+SEGMENT_ROLES = (BATCH, None)  # segment_ids [B, T]
+
+
+def kernels_on_mesh(run, q, k, args: tuple, roles: tuple, *, interpret: bool):
+    """`run(*args) -> (o, state)`, a kernel path, inside a shard_map over the ambient mesh's batch and head axes
+    (`kernel_mesh`: Pallas calls cannot be partitioned by XLA), or as it is without a mesh.
+
+    Args:
+        run: the path on one device's rows and kv-heads.
+        q: the queries [B, T, Hq, d_k] (the plan reads B and the mesh from them).
+        k: the keys [B, T, H, d_k] (H).
+        args: run's arguments (None entries pass through).
+        roles: each argument's dim roles (TOKEN_ROLES, SCALAR_ROLES, STATE_ROLES, SEGMENT_ROLES).
+        interpret: whether the kernels run interpreted (the shard_map then skips its varying-axes check).
+
+    Returns:
+        run's (o [B, T, Hq, d_v], state [B, H, d_k, d_v]).
+    """
+    plan = shard_plan(q, k.shape[2])
+    if plan is None:
+        return run(*args)
+    return run_sharded(run, plan, args, roles, (TOKEN_ROLES, STATE_ROLES), check_vma=not interpret)
 
 
 def poison_rows(y: Float[Array, "B N H g c e"], poisoned: Bool[Array, "B N H c"]) -> Float[Array, "B N H g c e"]:

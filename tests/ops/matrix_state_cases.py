@@ -7,7 +7,9 @@ whether it takes beta. Token arrays are (q, k, v, *extras) with extras (log_g,) 
   token array and the initial state, against the recurrence in float64 (outputs, final state, gradients); a
   packed case runs packed with segment_ids and its oracle runs each document alone (`cases.separately`);
 - `check_steps`: the decode step fed all but the last 4 tokens, then 1, then 3 (a row whose piece starts a
-  document starts it from an empty state, as a mixer does), against the oracle's rows and final state.
+  document starts it from an empty state, as a mixer does), against the oracle's rows and final state;
+- `check_bf16`: `check_chunked` with bf16 q, k and v, against the recurrence in float64 on those rounded inputs,
+  within BF16_TOL.
 """
 
 import dataclasses
@@ -22,7 +24,7 @@ import pytest
 
 from retention import init_matrix_state
 from tests.helpers import f64, rel_err
-from tests.ops.cases import F32_TOL, separately
+from tests.ops.cases import BF16_TOL, F32_TOL, separately
 from tests.ops.cases import segment_ids as case_segment_ids
 
 
@@ -64,9 +66,11 @@ class Case:
         return f"{shape}-{self.gate}-beta_{self.beta}-c{self.chunk}{init}{packed}"
 
 
-def params(cases) -> list:
-    """pytest params (case, id=case.id), each case's tests in one xdist group (its inputs and oracle made once)."""
-    return [pytest.param(case, id=case.id, marks=pytest.mark.xdist_group(case.id)) for case in cases]
+def params(cases, slow=()) -> list:
+    """pytest params (case, id=case.id), each case's tests in one xdist group (its inputs and oracle made once); the
+    cases in `slow` (further cases of what the others check) marked slow too."""
+    marks = lambda case: [pytest.mark.xdist_group(case.id)] + ([pytest.mark.slow] if case in slow else [])
+    return [pytest.param(case, id=case.id, marks=marks(case)) for case in cases]
 
 
 @functools.cache
@@ -121,9 +125,12 @@ def differentiate(case: Case, path, tokens, state0, segment_ids=None):
 
 
 @functools.cache
-def oracle(op: Op, case: Case):
-    """(o, state, gradients) of the float64 recurrence; a packed case's documents run one by one."""
+def oracle(op: Op, case: Case, bf16: bool = False):
+    """(o, state, gradients) of the float64 recurrence; a packed case's documents run one by one (with `bf16`: on
+    q, k and v rounded to bf16)."""
     tokens, state0 = inputs(op, case)
+    if bf16:
+        tokens = tuple(x.astype(jnp.bfloat16) for x in tokens[:3]) + tokens[3:]
     tokens64, state64 = f64(*tokens), None if state0 is None else f64(state0)[0]
     path = op.recurrence if case.docs is None else separately(case, op.recurrence)
     return differentiate(case, path, tokens64, state64)
@@ -139,9 +146,12 @@ def _compare(got: dict, want: dict, tol: float = F32_TOL) -> None:
     assert not bad, f"relative errors over {tol}: {bad} (all: {errors})"
 
 
-def check_chunked(op: Op, case: Case) -> None:
-    """The chunked op's outputs, final state and every gradient against the float64 recurrence."""
+def check_chunked(op: Op, case: Case, *, bf16: bool = False) -> None:
+    """The chunked op's outputs, final state and every gradient against the float64 recurrence (with `bf16`: q, k
+    and v in bf16, the oracle on the same rounded values, within BF16_TOL)."""
     tokens, state0 = inputs(op, case)
+    if bf16:
+        tokens = tuple(x.astype(jnp.bfloat16) for x in tokens[:3]) + tokens[3:]
 
     def path(*args, segment_ids=None):
         *toks, s0 = args
@@ -149,14 +159,14 @@ def check_chunked(op: Op, case: Case) -> None:
         return op.full(*toks, segment_ids=segment_ids, **options)
 
     o, S, grads = differentiate(case, path, tokens, state0, case_segment_ids(case))
-    o_want, S_want, grads_want = oracle(op, case)
-    assert o.dtype == jnp.float32 and o.shape == (case.B, case.T, case.Hq, case.d_v)
+    o_want, S_want, grads_want = oracle(op, case, bf16)
+    assert o.dtype == tokens[2].dtype and o.shape == (case.B, case.T, case.Hq, case.d_v)
     assert S.dtype == jnp.float32 and S.shape == (case.B, case.H, case.d_k, case.d_v)
     names = [n for n, x in zip(["q", "k", "v"] + (["beta"] if op.beta else []) + ["log_g"], tokens) if x is not None]
     names += ["state0"] if state0 is not None else []
     got = {"o": o, "S": S} | {f"d{n}": g for n, g in zip(names, grads)}
     want = {"o": o_want, "S": S_want} | {f"d{n}": g for n, g in zip(names, grads_want)}
-    _compare(got, want)
+    _compare(got, want, BF16_TOL if bf16 else F32_TOL)
 
 
 def pieces(T: int) -> list[tuple[int, int]]:

@@ -16,12 +16,90 @@ is rematerialised (the backward keeps one [B, H, d_k, d_v] state per chunk). The
 (the Gated DeltaNet mixer L2-normalises k).
 """
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
-from retention.ops.decay import causal_decay, decay_state, gate_factors
-from retention.ops.matrix_state import chunked_inputs, poison_state, scan_state, to_chunks
+from retention.ops.decay import causal_decay, decay_state, gate_factors, masked_exp
+from retention.ops.matrix_state import ChunkGates, TokenGates, chunked_inputs, poison_state, scan_state, to_chunks
+
+
+class DeltaChunks(NamedTuple):
+    """The S-free operands of every chunk (module docstring): q~ = scale q exp(F) (0 after the chunk's first reset),
+    A = Q K^T * D, W and U, the keys decayed to the chunk's end (0 outside its last document), the chunk's decay of S
+    and whether S's terms enter S' (the chunk's last document started before it), float32."""
+
+    q: Float[Array, "B N H g c dk"]
+    A: Float[Array, "B N H g c c"]
+    W: Float[Array, "B N H c dk"]
+    U: Float[Array, "B N H c dv"]
+    k_out: Float[Array, "B N H c dk"]
+    decay: Float[Array, "B N H"]
+    continues: Bool[Array, "B N H"]
+
+
+def xla_operands(
+    q_c: Float[Array, "B N H g c dk"],
+    k_c: Float[Array, "B N H c dk"],
+    v_c: Float[Array, "B N H c dv"],
+    beta_c: Float[Array, "B N H c"],
+    F: Float[Array, "B N H c"],
+    R: Int[Array, "B N H c"],
+) -> tuple[Float[Array, "B N H g c c"], Float[Array, "B N H c dk"], Float[Array, "B N H c dv"]]:
+    """The chunks' A = Q K^T * D, W and U (module docstring) in XLA: one triangular solve per chunk, batched.
+
+    Args:
+        q_c: the scaled queries per chunk.
+        k_c: the keys.
+        v_c: the values.
+        beta_c: the write strengths.
+        F: the cumulative log-gates.
+        R: the reset counts.
+
+    Returns:
+        (A, W, U), float32.
+    """
+    c, d_v, beta_c = k_c.shape[-2], v_c.shape[-1], beta_c[..., None]
+    D = causal_decay(F, R)  # [B, N, H, c, c]
+    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
+    L = jnp.where(strictly_lower, beta_c * jnp.einsum("bnhid,bnhjd->bnhij", k_c, k_c) * D, 0.0)
+    rhs = jnp.concatenate([beta_c * v_c, beta_c * masked_exp(F, R == 0)[..., None] * k_c], axis=-1)
+    solved = jax.lax.linalg.triangular_solve(L, rhs, left_side=True, lower=True, unit_diagonal=True)
+    return jnp.einsum("bnhgid,bnhjd->bnhgij", q_c, k_c) * D[:, :, :, None], solved[..., d_v:], solved[..., :d_v]
+
+
+def delta_chunks(
+    q, k, v, beta, log_g, initial_state, *, segment_ids, scale: float, chunk_size: int, operands=xla_operands
+) -> tuple[TokenGates, ChunkGates, DeltaChunks, Float[Array, "B H dk dv"]]:
+    """The chunked paths' (XLA and Pallas) common start.
+
+    Args:
+        q: queries [B, T, Hq, d_k].
+        k: keys [B, T, H, d_k].
+        v: values [B, T, H, d_v].
+        beta: write strengths [B, T, H].
+        log_g: log decays [B, T, H] or None.
+        initial_state: S_0 [B, H, d_k, d_v] float32, or None (zeros).
+        segment_ids: int [B, T] or None.
+        scale: multiplies q.
+        chunk_size: tokens per chunk.
+        operands: (q_c, k_c, v_c, beta_c, F, R) -> (A, W, U) per chunk (`xla_operands`, or the kernels').
+
+    Returns:
+        (the token gates, the chunk gates, the chunks' operands, S0).
+    """
+    c = chunk_size
+    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(
+        q, k, v, log_g, segment_ids, initial_state, scale=scale, c=c, beta=beta
+    )
+    fq, fk, decay = gate_factors(gates.F, gates.R, 1)
+    A, W, U = operands(q_c, k_c, v_c, to_chunks(tokens.beta, c), gates.F, gates.R)
+    k_out = k_c * fk[..., None]  # keys of the chunk's last document, decayed to its end
+    continues = gates.R[..., -1] == 0  # the chunk's last document started before it: S's terms enter S'
+    chunks = DeltaChunks(q_c * fq[:, :, :, None, :, None], A, W, U, k_out, decay, continues)
+    return tokens, gates, chunks, S0
 
 
 def gated_delta_rule_chunked(
@@ -38,23 +116,11 @@ def gated_delta_rule_chunked(
 ) -> tuple[Float[Array, "B T Hq dv"], Float[Array, "B H dk dv"]]:
     """(o in v's dtype, the final state float32) over T tokens from `initial_state` (None: zeros), in chunks of
     `chunk_size`, float32 throughout. Inputs are assumed validated (see `gated_delta_rule`)."""
-    d_v, c = v.shape[-1], chunk_size
-    tokens, gates, q_c, k_c, v_c, S0 = chunked_inputs(
-        q, k, v, log_g, segment_ids, initial_state, scale=scale, c=c, beta=beta
+    _, gates, x, S0 = delta_chunks(
+        q, k, v, beta, log_g, initial_state, segment_ids=segment_ids, scale=scale, chunk_size=chunk_size
     )
-    beta_c = to_chunks(tokens.beta, c)[..., None]  # [B, N, H, c, 1]
-    fq, fk, decay = gate_factors(gates.F, gates.R, 1)
-    D = causal_decay(gates.F, gates.R)  # [B, N, H, c, c]
-
-    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
-    L = jnp.where(strictly_lower, beta_c * jnp.einsum("bnhid,bnhjd->bnhij", k_c, k_c) * D, 0.0)
-    rhs = jnp.concatenate([beta_c * v_c, beta_c * fq[..., None] * k_c], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(L, rhs, left_side=True, lower=True, unit_diagonal=True)
-    U, W = solved[..., :d_v], solved[..., d_v:]
-    A = jnp.einsum("bnhgid,bnhjd->bnhgij", q_c, k_c) * D[:, :, :, None]
-    k_out = k_c * fk[..., None]  # keys of the chunk's last document, decayed to its end
-    AU = jnp.einsum("bnhgij,bnhje->bnhgie", A, U)
-    KU = jnp.einsum("bnhcd,bnhce->bnhde", k_out, U)
+    AU = jnp.einsum("bnhgij,bnhje->bnhgie", x.A, x.U)
+    KU = jnp.einsum("bnhcd,bnhce->bnhde", x.k_out, x.U)
 
     def body(S, xs):
         q_BHgcd, A_BHgcc, W_BHcd, k_BHcd, KU_BHde, decay_BH, continues_BH, poisoned_BH = xs
@@ -64,6 +130,5 @@ def gated_delta_rule_chunked(
         S = decay_state(decay_BH, S) + KU_BHde - carried
         return poison_state(S, poisoned_BH), read
 
-    continues = gates.R[..., -1] == 0  # the chunk's last document started before it: S's terms enter S'
-    xs = (q_c * fq[:, :, :, None, :, None], A, W, k_out, KU, decay, continues, gates.poisoned[..., -1])
+    xs = (x.q, x.A, x.W, x.k_out, KU, x.decay, x.continues, gates.poisoned[..., -1])
     return scan_state(body, S0, xs, AU, gates, q.shape[1], v.dtype)

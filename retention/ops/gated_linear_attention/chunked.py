@@ -61,6 +61,25 @@ def _intra_chunks(q_NBHgcd, k_NBHcd, v_NBHce, F_NBHcd, R_NBHc, s):
     return jax.lax.map(one, xs, batch_size=max(1, INTRA_GROUP_BYTES // per_chunk))
 
 
+def state_factors(
+    F: Float[Array, "B N H c dk"], R: Int[Array, "B N H c"]
+) -> tuple[Float[Array, "B N H c dk"], Float[Array, "B N H c dk"], Float[Array, "B N H dk"]]:
+    """The cross-chunk factors of the module docstring (the reset contract of `decay.py`, per key channel).
+
+    Args:
+        F: the cumulative log-gates of each chunk.
+        R: the reset counts.
+
+    Returns:
+        (the queries' factors on the carried state, exp(F) where R == 0; the keys' factors into the state carried
+            out, exp(F_end - F) where R == R_end; each chunk's decay of the carried state, exp(F_end) where
+            R_end == 0), 0 elsewhere.
+    """
+    R = R[..., None]
+    F_end, R_end = F[..., -1:, :], R[..., -1:, :]
+    return masked_exp(F, R == 0), masked_exp(F_end - F, R == R_end), masked_exp(F_end, R_end == 0)[..., 0, :]
+
+
 def gated_linear_attention_chunked(
     q: Float[Array, "B T Hq dk"],
     k: Float[Array, "B T H dk"],
@@ -80,11 +99,7 @@ def gated_linear_attention_chunked(
     )  # F [..., dk]
     intra = _intra_chunks(*map(chunk_major, (q_c, k_c, v_c, gates.F, gates.R)), min(SUB_CHUNK, chunk_size))
 
-    F, R = gates.F, gates.R[..., None]
-    F_end, R_end = F[..., -1:, :], R[..., -1:, :]
-    fq = masked_exp(F, R == 0)
-    fk = masked_exp(F_end - F, R == R_end)
-    decay = masked_exp(F_end, R_end == 0)[..., 0, :]  # [B, N, H, dk]
+    fq, fk, decay = state_factors(gates.F, gates.R)
 
     def body(S, xs):
         q_BHgcd, k_BHcd, v_BHce, decay_BHd, poisoned_BH = xs
