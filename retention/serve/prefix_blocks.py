@@ -73,9 +73,9 @@ def block_entry(snapshot: Snapshot, start: int, *, end: int | None = None, logit
     if not any(_grows(snapshot.config)):
         return snapshot
     caches = snapshot.caches
-    if end is not None:
+    if end is not None:  # the tokens after end are dropped: each row's next position moves back with the length
         back = caches.length - end
-        caches = caches._replace(length=caches.length - back, position=caches.position - back)
+        caches = caches._replace(length=jnp.full_like(caches.length, end), position=caches.position - back)
         snapshot = dataclasses.replace(snapshot, logits=logits)
     n = int(caches.length) - start
     cut = lambda kv: cut_slots(kv, start, n)._replace(length=jnp.full_like(kv.length, start + n))

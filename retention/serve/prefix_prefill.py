@@ -80,7 +80,8 @@ def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, st
 
 def _run(model: LM, snapshot: Snapshot | None, piece_1n, max_len: int, step_tokens: int) -> tuple[Snapshot, Array]:
     """The snapshot after `piece` (prefilled when `snapshot` is None, else run into it) and the logits of its last m
-    tokens [1, m, V]: every token's (m = n) for a prefill or a one-step extend (a `kv_only` LM's), else the last's."""
+    tokens [1, m, V]: every token's (m = n) when it runs as one prefill or one step, the last's (m = 1) when a ring
+    buffer bounds the step (a W layer: the piece fed step_tokens at a time)."""
     if snapshot is None:
         logits_1nV, caches = model.prefill(jnp.asarray(piece_1n, jnp.int32), max_len, step_tokens=step_tokens)
         snapshot = Snapshot(caches, logits_1nV[:, -1], model.config, weights_digest(model), max_len, step_tokens)
