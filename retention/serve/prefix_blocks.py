@@ -14,6 +14,7 @@ entry (prefix_cache.py, `chained`), so a chain is complete.
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from retention.nn import LM, LMCache, LMConfig
 from retention.nn.registry import MIXERS
@@ -39,22 +40,46 @@ def _map_growing(config: LMConfig, f, base: LMCache, *others: LMCache) -> LMCach
     return base._replace(layers=layers)
 
 
-def block_entry(snapshot: Snapshot, start: int) -> Snapshot:
+def kv_only(model: LM) -> bool:
+    """Whether every cache of the LM is a growing layer's KV cache (full attention, float or quantized, without a
+    convolution): then its snapshot after t tokens is a later snapshot's slots 0..t - 1 with the length, position
+    and logits of token t - 1, and `block_entry` can make each boundary's entry from the snapshot after the whole
+    prompt.
+
+    Args:
+        model: the LM.
+
+    Returns:
+        True when every layer grows and holds nothing but its KV cache.
+    """
+    layers = jax.eval_shape(lambda: model.init_caches(1, 1)).layers
+    return all(_grows(model.config)) and all(is_kv_cache(x) for x in jax.tree.leaves(layers, is_leaf=is_kv_cache))
+
+
+def block_entry(snapshot: Snapshot, start: int, *, end: int | None = None, logits=None) -> Snapshot:
     """The prefix cache's entry for a snapshot at a block boundary: each growing layer's KV cache cut to its slots
-    start..length - 1 (new arrays holding just those tokens' keys and values), every other array kept.
+    start..end - 1 (new arrays holding just those tokens' keys and values), every other array kept.
 
     Args:
         snapshot: a float32 snapshot whose full-attention caches hold token t at slot t (a prefill's or extend's).
         start: the first token of the block (its parent entry's length; 0 for the first block).
+        end: the boundary, for a snapshot of a `kv_only` model run past it (its lengths and positions set back to
+            end); None: the snapshot's length.
+        logits (Array | None): with `end`, the logits of token end - 1 [B, V].
 
     Returns:
         The entry (the snapshot itself when no layer's cache grows).
     """
     if not any(_grows(snapshot.config)):
         return snapshot
-    n = int(snapshot.caches.length) - start
-    caches = _map_growing(snapshot.config, lambda kv: cut_slots(kv, start, n), snapshot.caches)
-    return dataclasses.replace(snapshot, caches=caches)
+    caches = snapshot.caches
+    if end is not None:  # the tokens after end are dropped: each row's next position moves back with the length
+        back = caches.length - end
+        caches = caches._replace(length=jnp.full_like(caches.length, end), position=caches.position - back)
+        snapshot = dataclasses.replace(snapshot, logits=logits)
+    n = int(caches.length) - start
+    cut = lambda kv: cut_slots(kv, start, n)._replace(length=jnp.full_like(kv.length, start + n))
+    return dataclasses.replace(snapshot, caches=_map_growing(snapshot.config, cut, caches))
 
 
 def assemble(model: LM, chain: list[Snapshot], *, max_len: int, step_tokens: int) -> Snapshot:

@@ -1,5 +1,12 @@
-"""A prompt prefilled through a PrefixCache (prefix_cache.py): continued from its longest cached prefix, the rest
-fed block by block, an entry kept at each new block boundary.
+"""A prompt prefilled through a PrefixCache (prefix_cache.py): continued from its longest cached prefix (a chunked
+prefill from the cache: the rest's queries attend the cached keys, and only the filled slots, at the blockwise
+rate: retention/ops/attention/decode.py), an entry kept at each new block boundary.
+
+How the rest is fed depends on what an entry needs. An LM whose every cache is an A layer's keys and values
+(`kv_only`) runs the whole rest as one step (one prefill on a miss), and each boundary's entry is cut from the
+snapshot after it with that boundary's length, position and logits. Any other LM needs the state of a fixed-size
+cache at each boundary, which one step gives only at its end: its rest is fed block by block, a step to each
+boundary (and one for the tokens past the last).
 
 An entry is the Snapshot after exactly k * block tokens, as `block_entry` (prefix_blocks.py) keeps it: every cache
 that is the same at every length whole (a P, D, G or M layer's fixed-size state, a W layer's ring buffer, the
@@ -10,13 +17,18 @@ its prefix's entries (`assemble`: their blocks joined, with room up to the engin
 state made by another model (or the same model before its weights changed) is never continued.
 """
 
+import dataclasses
+
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array
 
 from retention.nn import LM
-from retention.serve.cache_limits import growing_layers
-from retention.serve.prefix_blocks import assemble, block_entry
+from retention.serve.cache_limits import growing_layers, step_size
+from retention.serve.prefix_blocks import assemble, block_entry, kv_only
 from retention.serve.prefix_cache import PrefixCache
-from retention.serve.snapshot import extend_checked, prefill, snapshot_bytes, weights_digest
+from retention.serve.prompts import check_prompt, check_prompt_ids
+from retention.serve.snapshot import extend_checked, snapshot_bytes, weights_digest
 from retention.serve.snapshot_value import Snapshot
 
 
@@ -30,13 +42,22 @@ def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, st
     Args:
         model: the LM.
         cache: an enabled PrefixCache (budget_bytes > 0), used by this model only.
-        prompt_1T (Array): the prompt, int32 [1, T], checked (ids in the vocabulary, T <= max_len).
+        prompt_1T (Array): the prompt, int [1, T]: ids in the vocabulary, 1 <= T <= max_len.
         max_len: the returned snapshot's caches hold up to this many tokens.
         step_tokens: and are decoded in steps of up to this many tokens (the entries' step_tokens too).
 
     Returns:
         The one-row snapshot after the prompt, for max_len and step_tokens.
+
+    Raises:
+        ValueError: naming `prompt` when it is not one row of ids in the vocabulary, or is empty or longer than max_len.
     """
+    check_prompt("prompt", prompt_1T)
+    if prompt_1T.shape[0] != 1:
+        raise ValueError(f"prompt must be one row [1, T], got shape {tuple(prompt_1T.shape)}")
+    if prompt_1T.shape[1] > max_len:
+        raise ValueError(f"prompt has {prompt_1T.shape[1]} tokens, more than max_len={max_len}")
+    check_prompt_ids(prompt_1T, None, model.config.vocab_size)
     cache.claim((model.config, weights_digest(model)))
     tokens = np.asarray(prompt_1T[0]).tolist()
     T, block, chained = len(tokens), cache.block, bool(growing_layers(model.config))
@@ -44,15 +65,30 @@ def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, st
     if snapshot is not None:
         chain = cache.chain(tokens[:done]) if chained else [snapshot]
         snapshot = assemble(model, chain, max_len=max_len, step_tokens=step_tokens)
-    boundaries = range(done + block, T // block * block + 1, block)
-    for end in [*boundaries, *([T] if T % block else [])]:
-        piece = prompt_1T[:, done:end]
-        if snapshot is None:
-            snapshot = prefill(model, piece, max_len=max_len, step_tokens=step_tokens)
-        else:
-            snapshot = extend_checked(model, snapshot, piece)
-        if end % block == 0:
-            entry = block_entry(snapshot, end - block)
-            cache.put(tokens[:end], entry, snapshot_bytes(entry), chained=chained)
+    if chained and kv_only(model):  # every boundary's entry can be cut from the snapshot after the whole rest
+        ends = [T]
+    else:  # a fixed-size cache is kept whole in each entry: the rest is fed a block at a time to each boundary
+        ends = [*range(done + block, T // block * block + 1, block), *([T] if T % block else [])]
+    for end in ends:
+        snapshot, logits_1nV = _run(model, snapshot, prompt_1T[:, done:end], max_len, step_tokens)
+        for boundary in range(done + block, end + 1, block):
+            entry = block_entry(snapshot, boundary - block, end=boundary, logits=logits_1nV[:, boundary - end - 1])
+            cache.put(tokens[:boundary], entry, snapshot_bytes(entry), chained=chained)
         done = end
     return snapshot
+
+
+def _run(model: LM, snapshot: Snapshot | None, piece_1n, max_len: int, step_tokens: int) -> tuple[Snapshot, Array]:
+    """The snapshot after `piece` (prefilled when `snapshot` is None, else run into it) and the logits of its last m
+    tokens [1, m, V]: every token's (m = n) when it runs as one prefill or one step, the last's (m = 1) when a ring
+    buffer bounds the step (a W layer: the piece fed step_tokens at a time)."""
+    if snapshot is None:
+        logits_1nV, caches = model.prefill(jnp.asarray(piece_1n, jnp.int32), max_len, step_tokens=step_tokens)
+        snapshot = Snapshot(caches, logits_1nV[:, -1], model.config, weights_digest(model), max_len, step_tokens)
+        return snapshot, logits_1nV
+    n = piece_1n.shape[1]
+    if step_size(model.config, step_tokens, n) < n:  # a ring buffer bounds the step: the last token's logits
+        snapshot = extend_checked(model, snapshot, piece_1n)
+        return snapshot, snapshot.logits[:, None]
+    logits_1nV, caches = model.decode_step(jnp.asarray(piece_1n, jnp.int32), snapshot.caches)
+    return dataclasses.replace(snapshot, caches=caches, logits=logits_1nV[:, -1]), logits_1nV

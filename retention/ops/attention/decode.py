@@ -3,8 +3,11 @@
 A step of n new tokens writes them into the cache and attends each new query to the keys it may see, in blocks:
 query blocks of up to STEP_QUERY_BLOCK tokens, each folding key blocks of the old cache and then of the new keys
 into an online softmax (`scores.online_softmax_update`), with key blocks sized so that one block of scores stays
-under STEP_SCORE_BYTES. A one-token decode step is one block (one pass over the cache, as a plain softmax); a
-65536-token step never holds more than a block of scores.
+under STEP_SCORE_BYTES; only the old cache's blocks up to its last filled slot are folded (a dynamic trip count),
+so a step of n tokens after t0 scores n x (t0 + n) keys whatever max_len is. A one-token decode step is one block
+(one pass over the cache, as a plain softmax); a 65536-token step never holds more than a block of scores. The
+budget is the blockwise prefill kernel's block pair at 4 heads (4 x 512 x 512 float32): with 32 MiB blocks a
+256-token step ran at a fifth of that kernel's rate per score on CPU (experiments/PERF_LOG.md, issue 44).
 """
 
 from typing import NamedTuple
@@ -26,7 +29,7 @@ from retention.ops.attention.validation import check_window
 from retention.ops.validation import FLOAT_DTYPES, check_qkv, check_scale, check_segment_ids, runtime_input_checks
 from retention.validation import check_at_runtime, check_int, concrete
 
-STEP_SCORE_BYTES = 1 << 25  # float32 scores of one (query block, key block) pair: 32 MiB
+STEP_SCORE_BYTES = 1 << 22  # float32 scores of one (query block, key block) pair: 4 MiB
 STEP_QUERY_BLOCK = 512
 
 
@@ -378,6 +381,13 @@ def _document_start_positions(cache: KVCache, seg_new_Bn, new_pos_n) -> Int[Arra
     return jnp.where(step_start_Bn >= 0, step_start_Bn, cache_start_B[:, None])
 
 
+def _filled_slots(cache: KVCache) -> Int[Array, ""]:
+    """1 + the last slot that holds a token (0 for an empty cache): a full-attention cache fills its slots from 0
+    in order, so a step folds only the key blocks up to its length, not every slot of max_len."""
+    slots_L = jnp.arange(1, cache.pos.shape[0] + 1, dtype=jnp.int32)
+    return jnp.max(jnp.where(cache.pos >= 0, slots_L, 0))
+
+
 def _attend(cache: KVCache, q_BHgnd, q_pos, q_start, new_keys, window):
     """The n queries [B, H, g, n, d] (scaled, accumulation dtype) against the old cache and the new keys, in query
     blocks of STEP_QUERY_BLOCK rows: [B, H, g, n, d] (acc / den of the online softmax)."""
@@ -391,6 +401,7 @@ def _attend(cache: KVCache, q_BHgnd, q_pos, q_start, new_keys, window):
     q_start = jnp.pad(q_start, [(0, 0), (0, pad)], mode="edge")
     old_keys = (cache.k, cache.v, cache.pos)
     old_block, new_block = _key_block(B * H * g * rows, L), _key_block(B * H * g * rows, n)
+    old_blocks = -(-_filled_slots(cache) // old_block)  # the blocks after the last filled slot hold no key
 
     def one_query_block(i):
         lo = i * rows
@@ -399,7 +410,7 @@ def _attend(cache: KVCache, q_BHgnd, q_pos, q_start, new_keys, window):
         start = jax.lax.dynamic_slice_in_dim(q_start, lo, rows, axis=1)
         zeros = jnp.zeros(q_blk.shape[:-1], q_blk.dtype)
         carry = (jnp.full_like(zeros, MASKED), zeros, jnp.zeros_like(q_blk))
-        carry = _fold_keys(carry, q_blk, pos, start, old_keys, window, -(-L // old_block), old_block)
+        carry = _fold_keys(carry, q_blk, pos, start, old_keys, window, old_blocks, old_block)
         seen_new = -(-jnp.minimum(n, lo + rows) // new_block)  # new-key blocks up to this block's last row
         _, den, acc = _fold_keys(carry, q_blk, pos, start, new_keys, window, seen_new, new_block)
         return acc / den[..., None]
