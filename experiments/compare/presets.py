@@ -143,6 +143,10 @@ class Preset:
     long_eval_skip: dict[str, str] = field(default_factory=dict)
     seeded: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if unknown := [name for name in self.seeded if name not in self.entries]:
+            raise ValueError(f"seeded must name entries of the preset ({sorted(self.entries)}), got {unknown[0]!r}")
+
     def task_entries(self, task: str) -> tuple[str, ...]:
         """The entries compared on `task`, headline first, each once (an untrained entry only with its base)."""
         names = [*self.headline]

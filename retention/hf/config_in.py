@@ -43,6 +43,16 @@ def refuse_unless(ok: bool, where: str, field: str, value, allowed: str) -> None
         raise ValueError(f"{where}: {field}={value!r} is not supported by the import ({allowed})")
 
 
+def refuse_unknown(hf: dict, known: set, where: str) -> None:
+    """ValueError naming the first field of `hf` outside `known` (a field the import does not read might change the
+    computation), unless there is none."""
+    if unknown := sorted(set(hf) - known):
+        raise ValueError(
+            f"{where}: field {unknown[0]}={hf[unknown[0]]!r} is not one the import knows (it might change the "
+            f"computation; unknown fields: {unknown[:6]})"
+        )
+
+
 def number(value, where: str, field: str) -> float:
     """`value` (the config field `field`) as a float; ValueError naming `where` and the field when it is no number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -99,11 +109,7 @@ def lm_config_from_hf(hf: dict, where: str = "config.json") -> LMConfig:
     if not (isinstance(archs, list) and len(archs) == 1 and archs[0] in ARCHITECTURES):
         raise ValueError(f"{where}: architectures must be one of {list(ARCHITECTURES)}, got {archs!r}")
     arch = archs[0]
-    if unknown := sorted(set(hf) - NO_EFFECT - {"use_mrope"}):
-        raise ValueError(
-            f"{where}: field {unknown[0]}={hf[unknown[0]]!r} is not one the import knows (it might change the "
-            f"computation; unknown fields: {unknown[:6]})"
-        )
+    refuse_unknown(hf, NO_EFFECT | {"use_mrope"}, where)
     refuse_unless(not hf.get("use_mrope"), where, "use_mrope", hf.get("use_mrope"), "1-D RoPE only: false")
     act = hf.get("hidden_act", "silu")
     refuse_unless(act in ("silu", "swish"), where, "hidden_act", act, "SwiGLU: silu")

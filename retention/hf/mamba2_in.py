@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from retention.hf.config_in import number, refuse_unless, require
+from retention.hf.config_in import number, refuse_unknown, refuse_unless, require
 from retention.hf.names import check_tensors
 from retention.nn import LMConfig
 from retention.nn.mamba2 import NORM_EPS
@@ -74,11 +74,7 @@ def mamba2_config_from_hf(hf: dict, where: str = "config.json") -> LMConfig:
     refuse_unless(
         hf.get("architectures") == [ARCHITECTURE], where, "architectures", hf.get("architectures"), ARCHITECTURE
     )
-    if unknown := sorted(set(hf) - NO_EFFECT):
-        raise ValueError(
-            f"{where}: field {unknown[0]}={hf[unknown[0]]!r} is not one the import knows (it might change the "
-            f"computation; unknown fields: {unknown[:6]})"
-        )
+    refuse_unknown(hf, NO_EFFECT, where)
     act = hf.get("hidden_act", "silu")
     refuse_unless(act in ("silu", "swish"), where, "hidden_act", act, "the M mixer's SiLU: silu")
     refuse_unless(hf.get("use_bias", False) is False, where, "use_bias", hf.get("use_bias"), "no in/out_proj bias")

@@ -31,7 +31,7 @@ rms_norm_eps, a field this import does not know. A field left out of config.json
 
 import numpy as np
 
-from retention.hf.config_in import number, refuse_unless, require
+from retention.hf.config_in import number, refuse_unknown, refuse_unless, require
 from retention.hf.mamba2_in import split_conv1d
 from retention.hf.names import EMBEDDING, check_tensors
 from retention.nn import LMConfig
@@ -124,11 +124,7 @@ def qwen3_next_config_from_hf(hf: dict, where: str = "config.json") -> LMConfig:
     refuse_unless(
         hf.get("architectures") == [ARCHITECTURE], where, "architectures", hf.get("architectures"), ARCHITECTURE
     )
-    if unknown := sorted(set(hf) - NO_EFFECT):
-        raise ValueError(
-            f"{where}: field {unknown[0]}={hf[unknown[0]]!r} is not one the import knows (it might change the "
-            f"computation; unknown fields: {unknown[:6]})"
-        )
+    refuse_unknown(hf, NO_EFFECT, where)
     hf = DEFAULTS | hf
     n_layers = require(hf, "num_hidden_layers", where)
     _check_dense_mlps(hf, n_layers, where)

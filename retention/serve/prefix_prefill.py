@@ -17,18 +17,15 @@ its prefix's entries (`assemble`: their blocks joined, with room up to the engin
 state made by another model (or the same model before its weights changed) is never continued.
 """
 
-import dataclasses
-
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array
 
 from retention.nn import LM
-from retention.serve.cache_limits import growing_layers, step_size
+from retention.serve.cache_limits import growing_layers
 from retention.serve.prefix_blocks import assemble, block_entry, kv_only
 from retention.serve.prefix_cache import PrefixCache
 from retention.serve.prompts import check_prompt, check_prompt_ids
-from retention.serve.snapshot import extend_checked, snapshot_bytes, weights_digest
+from retention.serve.snapshot import extend_logits, prefill_logits, snapshot_bytes, weights_digest
 from retention.serve.snapshot_value import Snapshot
 
 
@@ -80,15 +77,8 @@ def prefill_cached(model: LM, cache: PrefixCache, prompt_1T, *, max_len: int, st
 
 def _run(model: LM, snapshot: Snapshot | None, piece_1n, max_len: int, step_tokens: int) -> tuple[Snapshot, Array]:
     """The snapshot after `piece` (prefilled when `snapshot` is None, else run into it) and the logits of its last m
-    tokens [1, m, V]: every token's (m = n) when it runs as one prefill or one step, the last's (m = 1) when a ring
+    tokens [1, m, V]: every token's (m = n) when it runs as one prefill or one step, the last piece's when a ring
     buffer bounds the step (a W layer: the piece fed step_tokens at a time)."""
     if snapshot is None:
-        logits_1nV, caches = model.prefill(jnp.asarray(piece_1n, jnp.int32), max_len, step_tokens=step_tokens)
-        snapshot = Snapshot(caches, logits_1nV[:, -1], model.config, weights_digest(model), max_len, step_tokens)
-        return snapshot, logits_1nV
-    n = piece_1n.shape[1]
-    if step_size(model.config, step_tokens, n) < n:  # a ring buffer bounds the step: the last token's logits
-        snapshot = extend_checked(model, snapshot, piece_1n)
-        return snapshot, snapshot.logits[:, None]
-    logits_1nV, caches = model.decode_step(jnp.asarray(piece_1n, jnp.int32), snapshot.caches)
-    return dataclasses.replace(snapshot, caches=caches, logits=logits_1nV[:, -1]), logits_1nV
+        return prefill_logits(model, piece_1n, max_len=max_len, step_tokens=step_tokens)
+    return extend_logits(model, snapshot, piece_1n)

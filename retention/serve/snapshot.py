@@ -125,6 +125,35 @@ def prefill(
     Returns:
         The snapshot.
     """
+    return prefill_logits(model, tokens_BT, max_len=max_len, prompt_lengths=prompt_lengths, step_tokens=step_tokens)[0]
+
+
+def prefill_logits(
+    model: LM,
+    tokens_BT,
+    *,
+    max_len: int,
+    prompt_lengths=None,
+    step_tokens: int = 1,
+) -> tuple[Snapshot, Array]:
+    """`prefill`, and every prompt token's logits [B, T, V] (a prefix cache cuts entries at block boundaries).
+
+    ```python
+    snap = retention.prefill(model, prefix_1T, max_len=T + 512)
+    out = retention.generate(model, question_1n, 64, temperature=0.0, start=snap)
+    ```
+
+    Args:
+        model: the LM.
+        tokens_BT (Array): the prompt, int [B, T].
+        max_len: the caches hold up to this many tokens in all.
+        prompt_lengths (Array | None): int [B]: ragged prompts, left-padded, as in `generate` (row b's prompt is its
+            last prompt_lengths[b] tokens; each row continues as its prompt alone).
+        step_tokens: later steps feed up to this many tokens.
+
+    Returns:
+        (the snapshot, the logits [B, T, V]).
+    """
     check_prompt("tokens", tokens_BT)
     check_int("max_len", max_len)
     check_int("step_tokens", step_tokens)
@@ -133,8 +162,8 @@ def prefill(
     tokens_BT = jnp.asarray(tokens_BT, jnp.int32)
     if segment_ids is not None:
         tokens_BT = jnp.where(segment_ids == 1, tokens_BT, 0)  # the padding's values are never seen
-    logits, caches = model.prefill(tokens_BT, max_len, segment_ids=segment_ids, step_tokens=step_tokens)
-    return Snapshot(caches, logits[:, -1], model.config, weights_digest(model), max_len, step_tokens)
+    logits_BTV, caches = model.prefill(tokens_BT, max_len, segment_ids=segment_ids, step_tokens=step_tokens)
+    return Snapshot(caches, logits_BTV[:, -1], model.config, weights_digest(model), max_len, step_tokens), logits_BTV
 
 
 def extend(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
@@ -157,19 +186,33 @@ def extend(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
 
 def extend_checked(model: LM, snapshot: Snapshot, tokens_Bn) -> Snapshot:
     """`extend` of a snapshot `check_snapshot` has passed for `model` (`generate` checks it as its start)."""
+    return extend_logits(model, snapshot, tokens_Bn)[0]
+
+
+def extend_logits(model: LM, snapshot: Snapshot, tokens_Bn) -> tuple[Snapshot, Array]:
+    """`extend_checked`, and the logits of its last step's tokens [B, m, V]: all n new tokens' when they run as one
+    step (m = n), the last piece's when a ring buffer bounds the step, the snapshot's own (m = 1) when n = 0.
+
+    Args:
+        model: the snapshot's LM.
+        snapshot: a snapshot `check_snapshot` has passed for `model`.
+        tokens_Bn (Array): the new tokens, int [B, n].
+
+    Returns:
+        (the new snapshot, the logits [B, m, V]).
+    """
     if getattr(tokens_Bn, "ndim", None) != 2 or tokens_Bn.shape[0] != snapshot.rows:
         raise ValueError(f"tokens must be an int array [B={snapshot.rows}, n], got {getattr(tokens_Bn, 'shape', None)}")
     n = tokens_Bn.shape[1]
     length = concrete(snapshot.caches.length)
     check_room(model.config, None if length is None else int(length), n, snapshot.max_len, f"{n} more tokens")
     if n == 0:
-        return snapshot
+        return snapshot, snapshot.logits[:, None]
     piece = step_size(model.config, snapshot.step_tokens, n)
-    caches, logits = snapshot.caches, snapshot.logits
+    caches = snapshot.caches
     for start in range(0, n, piece):
-        step_logits, caches = model.decode_step(jnp.asarray(tokens_Bn[:, start : start + piece], jnp.int32), caches)
-        logits = step_logits[:, -1]
-    return dataclasses.replace(snapshot, caches=caches, logits=logits)
+        logits_BmV, caches = model.decode_step(jnp.asarray(tokens_Bn[:, start : start + piece], jnp.int32), caches)
+    return dataclasses.replace(snapshot, caches=caches, logits=logits_BmV[:, -1]), logits_BmV
 
 
 def snapshot_bytes(snapshot: Snapshot) -> int:

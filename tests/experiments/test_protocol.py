@@ -116,6 +116,8 @@ def test_a_seeded_entry_gets_every_seed_as_the_headline_does(tmp_path):
     assert [r for r in stage_jobs(seeded, tmp_path, "seeds") if r.entry == "power_nogate"] == [
         Run("mqar", "power_nogate", 3e-3, 5)
     ]
+    with pytest.raises(ValueError, match="seeded must name entries of the preset .*, got 'power_deg9'"):
+        dataclasses.replace(FAKE, seeded=("power_deg9",))
 
 
 def test_a_best_at_the_edge_extends_the_sweep_before_the_seeds(tmp_path):
