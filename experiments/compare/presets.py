@@ -14,7 +14,7 @@ preset's MQAR, passkey and text recipes, which the other cells change by key). O
 its defaults with `python train.py experiment=compare/cpu_mqar model=power` (any model group); this file keeps only
 the protocol: the entries and their model overrides, the cells, the lr grids, the seeds and the test lengths.
 
-- `cpu`: this 2-core machine, about 1-1.5 hours on 2 idle cores (CPU_ESTIMATE), in parts that resume.
+- `cpu`: this 2-core machine, about 2.5 hours on 2 idle cores in one call, or a named part a call (CPU_ESTIMATE).
 - `cpu_budget`: the cpu preset's MQAR cells (far and near) at a 2,000-step cap for softmax, power and the
   registry's other fixed-state mixers: their learning curves (about an hour on 2 idle cores).
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
@@ -318,15 +318,11 @@ CPU = Preset(
         **{e: "time: the cpu preset evaluates 64k for the headline only" for e in (*CPU_ABLATIONS, *CPU_FRONTIER)},
     },
 )
-# `python -m experiments.compare.estimate --preset cpu` (2026-12-02, from the committed runs' CPU seconds): 91
-# training runs, 58 CPU minutes if every run stops at its earliest (400 steps of mqar), 92 at the caps with all 27
-# possible lr extensions; with the test evals and the speed sweep (about 15 CPU minutes before) about 75-105 CPU
-# minutes: about an hour on 2 idle cores in two parts side by side (--part 1/2, 2/2; 52 CPU minutes took 30 before).
-# Since then (measured 2026-12-04 on random models at the preset's sizes, compilation included): the frontier's 20
-# quantized-state evals (P, D, G, M x int8, fp8 x both frontier tasks, P at 3 seeds on mqar) read 655k tokens
-# each token by token, 25-70 CPU seconds a job, about 15 CPU minutes; MQAR's 64k point at 512 queries about 23
-# (CPU_LONG_QUERIES), less the hybrid's 64k forwards it no longer runs (about 3): about 110-140 CPU minutes.
-CPU_ESTIMATE = "about 1-1.5 hours on 2 idle cores in two parts (110-140 CPU minutes: experiments.compare.estimate)"
+# Measured on the 2 idle cores (2026-12-05, experiments/PERF_LOG.md "the cpu preset's time"): each task is a
+# named part that finishes in one call (`--only task=...`), text 7 minutes, passkey 10.5, mqar_t128 40, mqar
+# about 1.5-2 hours, the speed sweep 7; `python -m experiments.compare.estimate --preset cpu [--only ...]` times
+# a call from the committed records.
+CPU_ESTIMATE = "about 2.5 hours on 2 idle cores in one call, or parts of 7 minutes to 2 hours (one a task)"
 
 GPU_WINDOWS, GPU_HEAD_DIMS = (64, 256, 2048), (16, 64)
 GPU_LRS = (3e-4, 1e-3, 3e-3)

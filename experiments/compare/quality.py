@@ -2,8 +2,9 @@
 
 Every run writes under `<runs>/<task>/<entry>/lr<lr>/seed<k>/`: the trainer's files (TensorBoard events in tb/, so
 `tensorboard --logdir <runs>` shows the whole comparison; checkpoints; summary.json), config.yaml (the resolved
-config), compare.json (the run's overrides, the exact `python train.py ...` command that repeats it, wall seconds)
-and, at the best learning rate, test.json (the test eval). A finished run is never redone, so an interrupted
+config), compare.json (the run's overrides, the exact `python train.py ...` command that repeats it, its training's
+wall and CPU seconds and its test eval's, `test_wall_s` and `test_cpu_s`, summed over the evals a stale length
+made) and, at the best learning rate, test.json (the test eval). A finished run is never redone, so an interrupted
 comparison resumes where it stopped; `collect` gathers every run's files into quality.json for the report.
 """
 
@@ -158,7 +159,11 @@ def test_run(preset: Preset, run: Run, runs: Path) -> dict:
     if not preset.entries[run.entry].trained:
         folder.mkdir(parents=True, exist_ok=True)
         write_json(folder / RECORD, {**run.fields(), "overrides": overrides, "evaluates": str(source)})
+    start, cpu = time.perf_counter(), time.process_time()
     result = {**(done or {}), **evaluate_run(preset, run, compose_config(overrides), source, stale)}
+    seconds = {"test_wall_s": time.perf_counter() - start, "test_cpu_s": time.process_time() - cpu}
+    record = read_json(folder / RECORD) or {}  # a trained run has one; a copied folder may not
+    write_json(folder / RECORD, {**record, **{k: record.get(k, 0.0) + v for k, v in seconds.items()}})
     write_json(folder / TEST, result)
     return result
 

@@ -34,8 +34,8 @@ from experiments.compare.presets import PRESETS
 from experiments.compare.protocol import parse_only, parse_part, sweep_runs
 from experiments.compare.quality import collect, run_stages
 from experiments.compare.report import write_report
-from experiments.compare.runs import SUMMARY, read_json, timed, write_json
-from experiments.compare.speed import measure_speed, speed_recipes
+from experiments.compare.runs import SUMMARY, TIMINGS, read_json, timed, write_json
+from experiments.compare.speed import measure_speed, speed_recipes, unmeasured
 
 
 def machine() -> dict:
@@ -97,15 +97,18 @@ def main(argv=None):
         done = (read_json(data / "speed.json") or {}).get("results")
         speed_meta = {**meta, "matched_window": matched_window(preset)}
         save = lambda results: write_json(data / "speed.json", {**speed_meta, "results": results})
-        with timed(runs, "speed", len(preset.speed.models)):
+        with timed(runs, "speed", len(unmeasured(preset, done))):
             measure_speed(preset, done, on_model=save)  # saved after each model measured; none measured: untouched
-    if not args.skip_quality:
-        if not args.report_only:
-            left = run_stages(preset, runs, part, only)
-            print("jobs left to other parts, filtered out or waiting for sweeps:", json.dumps(left))
-        previous = read_json(data / "quality.json")  # its tasks without run folders here are carried over
-        write_json(data / "quality.json", {**meta, **collect(preset, runs, previous)})
-    write_report(data, report, speed_recipes=speed_recipes(preset))
+    if not (args.skip_quality or args.report_only):
+        left = run_stages(preset, runs, part, only)
+        print("jobs left to other parts, filtered out or waiting for sweeps:", json.dumps(left))
+    # Collecting and the report are timed as the stage "report", so estimate.py can count a call's own seconds.
+    with timed(runs, "report", 1):
+        if not args.skip_quality:
+            previous = read_json(data / "quality.json")  # its tasks without run folders here are carried over
+            write_json(data / "quality.json", {**meta, **collect(preset, runs, previous)})
+        write_report(data, report, speed_recipes=speed_recipes(preset))
+    write_json(data / TIMINGS, read_json(runs / TIMINGS))  # for estimate.py in a clone without the runs
     print(f"wrote {report}; TensorBoard for the training runs: tensorboard --logdir {runs}")
 
 

@@ -22,7 +22,7 @@ from retention.train.step import masked_sums
 
 SUMMARY = "summary.json"  # the trainer's, per run
 TEST = "test.json"  # the test eval's {length: metrics or {"skipped": reason}}
-RECORD = "compare.json"  # the harness's: the run's task, entry, lr, seed, overrides, command, wall seconds
+RECORD = "compare.json"  # the harness's: the run's task, entry, lr, seed, overrides, command, training and test seconds
 CONFIG = "config.yaml"  # the resolved trainer config
 TRAIN_LOSS_TAG = "train/loss"
 # Loss by position at one eval length: keys such as "loss_by_position/1024" (the bucket's first position).

@@ -120,14 +120,21 @@ def speed_recipes(preset: Preset) -> dict[str, dict] | None:
 
 
 def reusable(preset: Preset, done: dict | None) -> dict:
-    """The models of `done` measured with the preset's recipe for them; a warning names each left out."""
-    kept = {}
-    for name, result in (done or {}).items():
-        if name in preset.speed.models and result.get("recipe") == speed_recipe(name, preset):
-            kept[name] = result
-        elif name in preset.speed.models:
-            log.warning("speed.json's %s was measured with another recipe than the preset's: measured again", name)
-    return kept
+    """The models of `done` measured with the preset's recipe for them."""
+    return {
+        name: result
+        for name, result in (done or {}).items()
+        if name in preset.speed.models and result.get("recipe") == speed_recipe(name, preset)
+    }
+
+
+def unmeasured(preset: Preset, done: dict | None) -> list[str]:
+    """The preset's speed models a call measures: those `done` (speed.json's results) lacks or measured with
+    another recipe than the preset's (a warning names each of these)."""
+    kept = reusable(preset, done)
+    for name in (done or {}).keys() & set(preset.speed.models) - kept.keys():
+        log.warning("speed.json's %s was measured with another recipe than the preset's: measured again", name)
+    return [m for m in preset.speed.models if m not in kept]
 
 
 def measure_speed(preset: Preset, done: dict | None = None, on_model=None) -> dict:

@@ -299,6 +299,9 @@ def test_each_run_keeps_its_config_command_summary_and_test(tiny):
     test = json.loads((folder / TEST).read_text())
     assert set(test) == {"64", "256"} and 0 <= test["256"]["accuracy"] <= 1 and test["256"]["eval_bytes"] > 0
     assert json.loads((folder / SUMMARY).read_text())["steps"] == 3
+    for run in (Run("mqar", "power", 1e-2, 0), Run("mqar", "softmax_kv4", 1e-2, 0)):  # trained, and evaluated only
+        record = json.loads((run.folder(tiny) / RECORD).read_text())
+        assert record["test_wall_s"] > 0 and record["test_cpu_s"] > 0, run  # the estimate's test seconds
 
 
 @pytest.mark.xdist_group("tiny_comparison")  # one worker runs the `tiny` fixture, once
