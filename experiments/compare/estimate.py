@@ -262,7 +262,8 @@ def estimate(
     training = [*jobs["sweep"], *jobs["seeds"]]
     grid = {t: set(spec.lrs) for t, spec in preset.tasks.items()}
     # The extensions the sweeps asked for: the runs here and the committed ones (the same sweeps ask the same).
-    extended = {(m.task, m.entry, m.lr) for m in [*trained, *recorded] if m.task in grid and m.lr not in grid[m.task]}
+    ran = [m for m in [*trained, *recorded] if m.train_s is not None and m.task in grid]  # not the evals alone
+    extended = {(m.task, m.entry, m.lr) for m in ran if m.lr not in grid[m.task]}
     extensions = [
         r
         for r in (Run(t, e, lr, preset.tasks[t].seeds[0]) for t, e, lr in sorted(extended))

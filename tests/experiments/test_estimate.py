@@ -117,7 +117,10 @@ def test_each_job_at_its_entrys_measured_seconds(tmp_path):
     overrides = [f"experiment={task.experiment}", *task.overrides]
     power = {"task": "mqar", "entry": "power", "lr": 0.2, "overrides": overrides, "wall_s": 99.0}
     quality = tmp_path / "quality.json"
-    quality.write_text(json.dumps({"runs": [{"record": power}]}))  # a committed extension: counted, not its seconds
+    evaluated = {**power, "entry": "softmax_kv4", "lr": 0.3, "test_wall_s": 5.0}  # an eval alone: no extension
+    del evaluated["wall_s"]
+    runs = [{"record": power}, {"record": evaluated}]
+    quality.write_text(json.dumps({"runs": runs}))  # a committed extension: counted, not its seconds
     out = estimate(SMOKE, [tmp_path], "wall_s", committed=quality, only=only)
     assert out["extension_runs"] == 2 and out["extend_s"] == pytest.approx(8.0 + 20.0)
 
