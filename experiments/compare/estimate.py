@@ -156,21 +156,6 @@ def selected_jobs(preset: Preset, part=(1, 1), only=None) -> dict[str, list[Run]
     return {s: [r for i, r in enumerate(jobs) if in_selection(s, i, r, part, only)] for s, jobs in stages.items()}
 
 
-def trained_jobs(preset: Preset) -> list[Run]:
-    """Every training run of the preset but the lr extensions: the sweep and the headline's other seeds."""
-    return [*sweep_runs(preset), *other_seed_runs(preset)]
-
-
-def extension_job_count(preset: Preset) -> int:
-    """The most runs the lr grids' extensions can add."""
-    return len(extension_slots(preset))
-
-
-def eval_job_count(preset: Preset) -> int:
-    """How many test evals the preset makes: every reported seed of every entry at its best lr."""
-    return len(eval_runs(preset))
-
-
 def mean_by(jobs: list[Measured], field: str, *keys: str) -> dict:
     """{(the job's `keys` fields): the mean of its `field`} over the jobs where `field` was measured."""
     groups = defaultdict(list)

@@ -136,20 +136,8 @@ def prefill_logits(
     prompt_lengths=None,
     step_tokens: int = 1,
 ) -> tuple[Snapshot, Array]:
-    """`prefill`, and every prompt token's logits [B, T, V] (a prefix cache cuts entries at block boundaries).
-
-    ```python
-    snap = retention.prefill(model, prefix_1T, max_len=T + 512)
-    out = retention.generate(model, question_1n, 64, temperature=0.0, start=snap)
-    ```
-
-    Args:
-        model: the LM.
-        tokens_BT (Array): the prompt, int [B, T].
-        max_len: the caches hold up to this many tokens in all.
-        prompt_lengths (Array | None): int [B]: ragged prompts, left-padded, as in `generate` (row b's prompt is its
-            last prompt_lengths[b] tokens; each row continues as its prompt alone).
-        step_tokens: later steps feed up to this many tokens.
+    """`prefill` (the same arguments, checked the same way), also returning every prompt token's logits [B, T, V],
+    from which a prefix cache cuts its entries at block boundaries.
 
     Returns:
         (the snapshot, the logits [B, T, V]).

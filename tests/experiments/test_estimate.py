@@ -10,14 +10,12 @@ from omegaconf import OmegaConf
 from experiments.compare.estimate import (
     earliest_steps,
     estimate,
-    eval_job_count,
     eval_runs,
-    extension_job_count,
+    extension_slots,
     fit,
     main,
     other_seed_runs,
     selected_jobs,
-    trained_jobs,
 )
 from experiments.compare.models import compose_config
 from experiments.compare.presets import CPU, SMOKE
@@ -41,8 +39,10 @@ def test_smoke_job_counts():
     tests: 3 headline x 2 seeds, the ablation and Mamba2 once, the quantized-cache and quantized-state entries at
     their bases' 2 seeds. Its mqar_t32 (the frontier's second length): softmax and power x 2 lrs, one seed; tests:
     those two, the 4-bit cache and the fp8 state. One extension at most for each of the 7 trained entries."""
-    assert len(trained_jobs(SMOKE)) == 5 * 2 + 3 + 2 * 2 and eval_job_count(SMOKE) == 3 * 2 + 1 + 1 + 2 + 2 + 4
-    assert extension_job_count(SMOKE) == 7
+    jobs = selected_jobs(SMOKE)
+    assert len(jobs["sweep"]) + len(jobs["seeds"]) == 5 * 2 + 3 + 2 * 2
+    assert len(jobs["test"]) == 3 * 2 + 1 + 1 + 2 + 2 + 4
+    assert len(extension_slots(SMOKE)) == 7
 
 
 def test_earliest_stop_of_the_rule():
