@@ -15,6 +15,9 @@ FLOP counts (DESIGN section 1, per head): power forward 4*T*D*d (state write and
 chunks); causal softmax forward 2*T^2*d; the matrix-state ops 2*T*c*(d_k + d_v) inside chunks plus 4*T*d_k*d_v
 for the state (the delta rule twice both, for its keys' Gram matrix, W S and the solve). Forward+backward counts
 3x the forward for all.
+
+Timing: the median of --repeats calls after --warmups untimed ones (2: the first compiles; the second is the first
+run after compiling, up to 4x the steady time at 64k on XLA CPU; `experiments/timing.run_times`).
 """
 
 import argparse
@@ -109,8 +112,8 @@ def time_training(args, T, rows):
     for name, op, flops in variants:
         fwd, fwd_bwd = train_fns(op)
         try:
-            t_f = median_seconds(fwd, q, k, v, repeats=args.repeats)
-            t_fb = median_seconds(fwd_bwd, q, k, v, ct, repeats=args.repeats)
+            t_f = median_seconds(fwd, q, k, v, repeats=args.repeats, warmups=args.warmups)
+            t_fb = median_seconds(fwd_bwd, q, k, v, ct, repeats=args.repeats, warmups=args.warmups)
         except Exception as error:  # a kernel's first run on a device: the error is the row, the other ops go on
             if not args.keep_going:
                 raise
@@ -118,7 +121,7 @@ def time_training(args, T, rows):
             print(f"{name} T={T} failed: {rows[-1]['error'][:300]}", flush=True)
             continue
         rows.append(train_row(name, T, t_f, t_fb, flops))
-    torch_row = time_torch_sdpa(B, T, H, d, args.repeats, args.dtype)
+    torch_row = time_torch_sdpa(B, T, H, d, args.repeats, args.warmups, args.dtype)
     if torch_row:
         rows.append(torch_row)
 
@@ -137,7 +140,7 @@ def train_row(name, T, t_f, t_fb, flops):
     )
 
 
-def time_torch_sdpa(B, T, H, d, repeats, dtype):
+def time_torch_sdpa(B, T, H, d, repeats, warmups, dtype):
     """PyTorch's scaled_dot_product_attention (its flash kernel) as the outside reference, if torch is installed:
     on the GPU when JAX runs on one and torch sees it (each call synchronised), on the CPU otherwise."""
     try:
@@ -155,8 +158,8 @@ def time_torch_sdpa(B, T, H, d, repeats, dtype):
         fn()
         sync()
 
-    t_f = median_seconds(lambda: synced(lambda: sdpa().detach()), repeats=repeats)
-    t_fb = median_seconds(lambda: synced(lambda: sdpa().float().sum().backward()), repeats=repeats)
+    t_f = median_seconds(lambda: synced(lambda: sdpa().detach()), repeats=repeats, warmups=warmups)
+    t_fb = median_seconds(lambda: synced(lambda: sdpa().float().sum().backward()), repeats=repeats, warmups=warmups)
     return train_row(f"torch sdpa {device}", T, t_f, t_fb, softmax_flops(T, H, d))
 
 
@@ -174,8 +177,13 @@ def time_decode(args, context, rows):
     slots = jnp.arange(context + n, dtype=jnp.int32)
     pos = jnp.where(slots < context, slots, -1)  # filled to `context`
     cache = cache._replace(k=kc, v=vc, pos=pos, length=jnp.asarray(context, jnp.int32))
-    t_power = median_seconds(scan_steps(power_retention_step), state, q, k, v, repeats=args.repeats) / n
-    t_kv = median_seconds(scan_steps(softmax_attention_step), cache, q, k, v, repeats=args.repeats) / n
+    t_power = (
+        median_seconds(scan_steps(power_retention_step), state, q, k, v, repeats=args.repeats, warmups=args.warmups) / n
+    )
+    t_kv = (
+        median_seconds(scan_steps(softmax_attention_step), cache, q, k, v, repeats=args.repeats, warmups=args.warmups)
+        / n
+    )
     state_bytes = sum(x.nbytes for x in state)
     kv_bytes = 2 * B * context * H * d * jnp.dtype(args.dtype).itemsize
     rows.append(
@@ -227,7 +235,7 @@ def time_matrix_state_decode(args, rows):
     state = jax.random.normal(jax.random.key(4), (B, H, d, d), jnp.float32)
     for name, step in matrix_state_step_fns().items():
         if name in args.matrix_state_ops:
-            t = median_seconds(scan_steps(step), state, q, k, v, repeats=args.repeats) / n
+            t = median_seconds(scan_steps(step), state, q, k, v, repeats=args.repeats, warmups=args.warmups) / n
             rows.append(dict(kind="decode_op", name=name, ms_per_token=t * 1e3, state_bytes=state.nbytes))
 
 
@@ -275,7 +283,10 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls, their median reported")
+    parser.add_argument(
+        "--warmups", type=int, default=2, help="untimed calls first: compiling, then the slow first run after it"
+    )
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of q, k, v and caches")
     parser.add_argument("--matrix-state-ops", nargs="*", default=list(MATRIX_STATE_OPS), choices=MATRIX_STATE_OPS)
@@ -287,7 +298,7 @@ def main(argv=None):
     parser.add_argument("--note", default="", help="the machine's state (e.g. pinned to one core, shared), recorded")
     parser.add_argument("--out", default="results/op_speed.json")
     args = parser.parse_args(argv)
-    for name in ("batch", "heads", "head_dim", "repeats", "decode_tokens"):
+    for name in ("batch", "heads", "head_dim", "repeats", "warmups", "decode_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     lengths = args.lengths or ([1024, 2048, 4096] if args.quick else [1024, 4096, 16384, 32768, 65536])

@@ -9,10 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def run_times(fn, *args, repeats: int = 3) -> list[float]:
-    """Wall seconds of each of `repeats` calls fn(*args), after one warm-up call (which also compiles). Each call is
-    waited for (jax.block_until_ready on its result; results that are not JAX arrays, e.g. torch's, pass through)."""
-    jax.block_until_ready(fn(*args))
+def run_times(fn, *args, repeats: int = 3, warmups: int = 1) -> list[float]:
+    """Wall seconds of each of `repeats` calls fn(*args), after `warmups` untimed calls (the first also compiles).
+    Each call is waited for (jax.block_until_ready on its result; results that are not JAX arrays, e.g. torch's,
+    pass through).
+
+    Two warm-ups where the first call after compiling is slow: on XLA CPU at 64k tokens it took up to 4x the
+    steady time (power retention's forward+backward: 42.9 s, then 10.3 s and 9.6 s; experiments/PERF_LOG.md), so
+    the median of two timed calls after one warm-up reads 2.5x too slow."""
+    for _ in range(warmups):
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -21,9 +27,9 @@ def run_times(fn, *args, repeats: int = 3) -> list[float]:
     return times
 
 
-def median_seconds(fn, *args, repeats: int = 3) -> float:
-    """Median wall time of fn(*args) over `repeats` runs after one warm-up run (run_times)."""
-    return float(np.median(run_times(fn, *args, repeats=repeats)))
+def median_seconds(fn, *args, repeats: int = 3, warmups: int = 1) -> float:
+    """Median wall time of fn(*args) over `repeats` runs after `warmups` untimed runs (run_times)."""
+    return float(np.median(run_times(fn, *args, repeats=repeats, warmups=warmups)))
 
 
 def machine(note: str) -> dict:

@@ -146,8 +146,7 @@ def extension_slots(preset: Preset) -> list[Run]:
 
 def in_selection(stage: str, index: int, run: Run, part=(1, 1), only=None) -> bool:
     """Whether run.py's call with `--part`/`--only` runs this job: its rule (quality.run_stages), applied here."""
-    chosen = selected(only or {}, stage=stage, task=run.task, entry=run.entry)
-    return chosen and in_part(part_key(stage, index, run), part)
+    return selected(only or {}, stage, run) and in_part(part_key(stage, index, run), part)
 
 
 def selected_jobs(preset: Preset, part=(1, 1), only=None) -> dict[str, list[Run]]:

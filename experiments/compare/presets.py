@@ -14,7 +14,7 @@ preset's MQAR, passkey and text recipes, which the other cells change by key). O
 its defaults with `python train.py experiment=compare/cpu_mqar model=power` (any model group); this file keeps only
 the protocol: the entries and their model overrides, the cells, the lr grids, the seeds and the test lengths.
 
-- `cpu`: this 2-core machine, about 2.5 hours on 2 idle cores in one call, or a named part a call (CPU_ESTIMATE).
+- `cpu`: this 2-core machine, about 2.3 hours on 2 idle cores in one call, or a named part a call (CPU_ESTIMATE).
 - `cpu_budget`: the cpu preset's MQAR cells (far and near) at a 2,000-step cap for softmax, power and the
   registry's other fixed-state mixers: their learning curves (about an hour on 2 idle cores).
 - `gpu_small`: one H200 in one call under 10 minutes: speed at 1k-64k, one short MQAR cell (GPU_SMALL_ESTIMATE).
@@ -319,10 +319,10 @@ CPU = Preset(
     },
 )
 # Measured on the 2 idle cores (2026-12-05, experiments/PERF_LOG.md "the cpu preset's time"): each task is a
-# named part that finishes in one call (`--only task=...`), text 7 minutes, passkey 10.5, mqar_t128 40, mqar
-# about 1.5-2 hours, the speed sweep 7; `python -m experiments.compare.estimate --preset cpu [--only ...]` times
-# a call from the committed records.
-CPU_ESTIMATE = "about 2.5 hours on 2 idle cores in one call, or parts of 7 minutes to 2 hours (one a task)"
+# named part that finishes in one call (`--only task=...`), text 7 minutes, passkey 10.5, mqar_t128 40, mqar 78,
+# the speed sweep 7; `python -m experiments.compare.estimate --preset cpu [--only ...]` times a call from the
+# committed records.
+CPU_ESTIMATE = "about 2.3 hours on 2 idle cores in one call, or parts of 7 to 78 minutes (one a task)"
 
 GPU_WINDOWS, GPU_HEAD_DIMS = (64, 256, 2048), (16, 64)
 GPU_LRS = (3e-4, 1e-3, 3e-3)
@@ -576,10 +576,10 @@ LONG = Preset(
 )
 
 # The long preset at this CPU's size, a first reach to 64k: seven mixers (A, W at the P state's bytes, P, the PA
-# hybrid, D, G, M), one seed, one lr (1e-2: what the cpu preset's text sweep chose, a 60-step smoke sweep at
+# hybrid, D, G, M), three seeds, one lr (1e-2: what the cpu preset's text sweep chose, a 60-step smoke sweep at
 # T = 256, so weak evidence; one lr for want of CPU time), 500 steps of 4 x 2048 (4.1M tokens, a third of an epoch
-# of the training split). Not converged and one seed: it measures how each model's loss moves with position to
-# 65,536 after the same short training, not the models' final quality; its notes say so.
+# of the training split). Not converged: it measures how each model's loss moves with position to 65,536 after the
+# same short training, and how much seeds move it, not the models' final quality; its notes say so.
 LONG_CPU_ENTRIES = {
     k: LONG_ENTRIES[k] for k in ("softmax", "swa_matched", "power", "hybrid", "gated_deltanet", "gla", "mamba2")
 }
@@ -590,7 +590,7 @@ LONG_CPU = Preset(
     headline=tuple(LONG_CPU_ENTRIES),
     tasks={
         "text_long": Task(
-            "long_text", "compare/long_cpu_text", lrs=(1e-2,), seeds=(0,), test_scales=(1,), lr_extensions=0
+            "long_text", "compare/long_cpu_text", lrs=(1e-2,), seeds=(0, 1, 2), test_scales=(1,), lr_extensions=0
         )
     },
     speed=None,

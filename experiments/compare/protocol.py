@@ -11,7 +11,8 @@ Stages, each resumable (a run with its summary.json, or its test.json, is never 
 The best learning rate maximises the task's metric (minimises a loss) on the trainer's eval at 1x, the eval split's
 batches 0..eval_batches-1 (summary.json); ties go to the smaller rate. The reported numbers are the test eval's
 (eval-split batches from TEST_OFFSET on: draws the selection never saw). `--part k/n` runs every n-th job of each
-stage, so parts run side by side or one after another; `--only task=mqar,entry=power` filters.
+stage, so parts run side by side or one after another; `--only task=mqar,entry=power` (or `seed=1,2`) filters.
+A grid of one rate and no extensions has nothing to choose, so its other seeds need not wait for the first.
 """
 
 import statistics
@@ -120,7 +121,7 @@ def parse_part(text: str) -> tuple[int, int]:
     return k, n
 
 
-FILTER_KEYS = ("task", "entry", "stage")
+FILTER_KEYS = ("task", "entry", "stage", "seed")
 
 
 def parse_only(items: list[str]) -> dict[str, set[str]]:
@@ -141,6 +142,7 @@ def parse_only(items: list[str]) -> dict[str, set[str]]:
     return out
 
 
-def selected(only: dict[str, set[str]], **fields: str) -> bool:
-    """Whether a job with these fields (task, entry, stage) passes the --only filter."""
-    return all(fields[key] in values for key, values in only.items() if key in fields)
+def selected(only: dict[str, set[str]], stage: str, run: Run) -> bool:
+    """Whether `run`, a job of `stage`, passes the --only filter (`parse_only`: its task, entry, stage and seed)."""
+    fields = {"stage": stage, "task": run.task, "entry": run.entry, "seed": str(run.seed)}
+    return all(fields[key] in values for key, values in only.items())

@@ -118,8 +118,11 @@ def entry_lrs(preset: Preset, runs: Path, task: str, entry: str) -> tuple[float,
 
 def lr_choice(preset: Preset, runs: Path, task: str, entry: str) -> float | None:
     """The entry's best learning rate on `task` from its finished sweep runs, or None while any is unfinished
-    (its grid's extensions included)."""
-    values = {lr: sweep_value(preset, runs, task, entry, lr) for lr in entry_lrs(preset, runs, task, entry)}
+    (its grid's extensions included); a grid of one rate (no extensions: `lr_grid`) is its choice at once."""
+    grid = entry_lrs(preset, runs, task, entry)
+    if len(grid) == 1:
+        return grid[0]
+    values = {lr: sweep_value(preset, runs, task, entry, lr) for lr in grid}
     return best_lr(values, METRICS[preset.tasks[task].data].higher_is_better)
 
 
@@ -199,14 +202,13 @@ def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, 
     for stage, action in STAGES.items():
         jobs = stage_jobs(preset, runs, stage)
         mine = [
-            r
-            for i, r in enumerate(jobs)
-            if in_part(part_key(stage, i, r), part) and selected(only or {}, stage=stage, task=r.task, entry=r.entry)
+            r for i, r in enumerate(jobs) if in_part(part_key(stage, i, r), part) and selected(only or {}, stage, r)
         ]
         with timed(runs, stage, len(mine)):
             for run in tqdm(mine, desc=stage, unit="run"):
                 action(preset, run, runs)
-        left[stage] = len(stage_jobs(preset, runs, stage)) - len(mine) if stage != "sweep" else len(jobs) - len(mine)
+        done = set(mine)  # the extend stage's list drops its finished runs (and may grow): count what is not done
+        left[stage] = sum(r not in done for r in stage_jobs(preset, runs, stage))
     return left
 
 

@@ -65,7 +65,7 @@ def parse_args(argv=None):
         "--report", help="the Markdown report (results/REPORT.md for cpu without --data, else <data>/REPORT.md)"
     )
     parser.add_argument("--part", default="1/1", help="k/n: this call runs every n-th job of each stage")
-    parser.add_argument("--only", action="append", default=[], help="filter: task=..., entry=..., stage=...")
+    parser.add_argument("--only", action="append", default=[], help="filter: task=..., entry=..., stage=..., seed=...")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--report-only", action="store_true", help="collect the finished runs and write the report")

@@ -5,8 +5,8 @@ spends at L (the decode caches' bytes, the read time per token), side by side.
     python -m experiments.long_context mission --text results/long_context/text.json \
         --recall results/long_context/recall.json results/long_context/recall_passkey.json
 
-A row is one model name read one way (RoPE as trained, or a scaling): the text JSON's row and every recall row of
-that name and reading, recall averaged over the runs (seeds) that have each length, with their range. The text
+A row is one model name read one way (RoPE as trained, or a scaling): the text JSON's rows and every recall row of
+that name and reading, each averaged over its runs (seeds), with their range. The text
 and recall models are separate trainings (a text run, MQAR runs, a passkey run) of the same mixer and recipe; the
 page says which runs each column reads.
 """
@@ -18,7 +18,15 @@ from matplotlib.figure import Figure
 
 from experiments.formatting import human_bytes, md_table, tokens
 from experiments.long_context.models import AS_TRAINED
-from experiments.long_context.report import STYLES, commands, position_ticks
+from experiments.long_context.report import (
+    STYLES,
+    commands,
+    plot_position,
+    position_ticks,
+    spread,
+    spread_cell,
+    text_groups,
+)
 from experiments.plotting import color, log_ticks, save
 
 TASK_METRICS = {"mqar": "accuracy", "passkey": "exact_match"}
@@ -45,41 +53,35 @@ def recall_spread(recalls: list[dict], task: str) -> dict[tuple[str, str], dict[
                 continue
             for L, cell in row["lengths"].items():
                 values.setdefault(_key(row), {}).setdefault(int(L), []).append(cell[metric])
-    return {
-        key: {L: (float(np.mean(v)), min(v), max(v), len(v)) for L, v in sorted(by_length.items())}
-        for key, by_length in values.items()
-    }
+    return {key: {L: spread(v) for L, v in sorted(by_length.items())} for key, by_length in values.items()}
 
 
 def mission_rows(text: dict, recalls: list[dict]) -> list[dict]:
-    """One row per model name and reading, in the text JSON's order, then recall-only models.
+    """One row per model name and reading, in the text JSON's order (its runs pooled: `report.text_groups`), then
+    recall-only models.
 
     Args:
         text: a `long_context text` result (as read).
         recalls: `long_context recall` results (as read).
 
     Returns:
-        [{"name", "rope", "label", "bits_per_byte", "last_bucket" ((lo, hi, bits per byte) or None), "cache_bytes",
-        "seconds_per_token", "mqar": {L: spread}, "passkey": {L: spread}}]; text fields None for a model the text
-        JSON lacks.
+        [{"name", "rope", "label", "bits_per_byte" (a spread), "last_bucket" ((lo, hi, spread) or None),
+        "cache_bytes", "seconds_per_token", "mqar": {L: spread}, "passkey": {L: spread}}], a spread being (mean,
+        min, max, runs); text fields None for a model the text JSON lacks.
     """
     spreads = {task: recall_spread(recalls, task) for task in TASK_METRICS}
     rows, seen = [], set()
-    for row in text["models"]:
-        last = row["buckets"][-1]
+    for group in text_groups(text["models"]):
+        last = group["buckets"][-1]
         rows.append(
             {
-                "name": row["name"],
-                "rope": row["rope"],
-                "label": row["label"],
-                "bits_per_byte": row["bits_per_byte"],
+                **{key: group[key] for key in ("name", "rope", "label", "bits_per_byte", "cache_bytes")},
                 "last_bucket": (last["lo"], last["hi"], last["bits_per_byte"]),
-                "cache_bytes": row["cache_bytes"],
-                "seconds_per_token": row["seconds"] / row["tokens"],
-                **{task: spreads[task].get(_key(row), {}) for task in TASK_METRICS},
+                "seconds_per_token": group["seconds_per_token"],
+                **{task: spreads[task].get(_key(group), {}) for task in TASK_METRICS},
             }
         )
-        seen.add(_key(row))
+        seen.add(_key(group))
     labels = {_key(r): r["label"] for result in recalls for r in result["models"]}
     for key in dict.fromkeys(k for task in TASK_METRICS for k in spreads[task]):
         if key not in seen:
@@ -87,13 +89,6 @@ def mission_rows(text: dict, recalls: list[dict]) -> list[dict]:
             rows.append({"name": key[0], "rope": key[1], "label": labels[key], **empty})
             rows[-1].update({task: spreads[task].get(key, {}) for task in TASK_METRICS})
     return rows
-
-
-def _spread_cell(spread: tuple[float, float, float, int] | None) -> str:
-    if spread is None:
-        return "-"
-    mean, low, high, runs = spread
-    return f"{mean:.3f}" if runs == 1 else f"{mean:.3f} ({low:.3f}-{high:.3f}, {runs} runs)"
 
 
 def mission_markdown(rows: list[dict], lengths: list[int], text: dict, recalls: list[dict], figure: str) -> str:
@@ -118,12 +113,12 @@ def mission_markdown(rows: list[dict], lengths: list[int], text: dict, recalls: 
     header += [f"caches at {tokens(L)}", "read s / token"]
     table = []
     for row in rows:
-        number = lambda v, f: "-" if v is None else f.format(v)
-        cells = [row["label"], number(row["bits_per_byte"], "{:.3f}")]
-        cells.append("-" if row["last_bucket"] is None else f"{row['last_bucket'][2]:.3f}")
-        cells += [_spread_cell(row[task].get(n)) for task in tasks for n in lengths]
+        cells = [row["label"], spread_cell(row["bits_per_byte"])]
+        cells.append(spread_cell(None if row["last_bucket"] is None else row["last_bucket"][2]))
+        cells += [spread_cell(row[task].get(n)) for task in tasks for n in lengths]
         cells.append("-" if row["cache_bytes"] is None else human_bytes(row["cache_bytes"]))
-        cells.append(number(None if row["seconds_per_token"] is None else row["seconds_per_token"] * 1e6, "{:.0f} us"))
+        per_token = row["seconds_per_token"]
+        cells.append("-" if per_token is None else f"{per_token * 1e6:.0f} us")
         table.append(cells)
     sources = "\n".join(
         f"- recall ({', '.join(sorted({r['task'] for r in res['models']}))}, at least {res['queries']} queries a "
@@ -134,8 +129,8 @@ def mission_markdown(rows: list[dict], lengths: list[int], text: dict, recalls: 
         f"# Long context: quality, recall and cost at {tokens(L)}\n\n"
         f"Bits per byte: held-out documents ({text['documents']['count']}) read whole to {L:,} tokens "
         f"({text['machine']['device']}, {text['machine']['date']}). MQAR: accuracy, every query more than the gap "
-        "after its key; passkey: exact match. Recall cells: the mean over the runs read at that length, with the "
-        "range and count when more than one (seeds). `caches at L`: the decode caches of the text model at L (one "
+        "after its key; passkey: exact match. Cells: the mean over the runs (seeds) read, with their range and "
+        "count when more than one. `caches at L`: the decode caches of the text model at L (one "
         "row); `read s / token`: the text reading's seconds over its tokens (one compiled forward or the carry "
         "path, compilation included), on the machine named. Text and recall columns are separate trainings of the "
         "same mixer and recipe; '-': not read (the source's notes say why).\n\n"
@@ -145,28 +140,27 @@ def mission_markdown(rows: list[dict], lengths: list[int], text: dict, recalls: 
 
 
 def mission_figure(text: dict, rows: list[dict], lengths: list[int], path: Path) -> str:
-    """Three panels: loss by position to L; MQAR accuracy against length (mean over runs, range as bars); the
-    caches' bytes at L against the bits per byte of the last bucket. Returns the file name."""
+    """Three panels: loss by position to L (mean over runs, range as a band); MQAR accuracy against length (mean
+    over runs, range as bars); the caches' bytes at L against the mean bits per byte of the last bucket. Returns the
+    file name."""
     fig = Figure(figsize=(16, 4.6))
     loss_ax, recall_ax, bytes_ax = fig.subplots(1, 3)
-    for i, row in enumerate(text["models"]):
-        points = [(b["hi"], b["bits_per_byte"]) for b in row["buckets"] if b["bits_per_byte"] is not None]
-        style = dict(color=color(row["name"]) or f"C{i}", ms=3, marker="o", label=row["label"])
-        loss_ax.plot(*zip(*points), STYLES[row["rope"]], **style)
+    for i, group in enumerate(text_groups(text["models"])):
+        style = dict(color=color(group["name"]) or f"C{i}", ms=3, marker="o", label=group["label"])
+        plot_position(loss_ax, group, STYLES[group["rope"]], **style)
     log_ticks(loss_ax, position_ticks(text["length"]))
     loss_ax.set(xlabel="position (tokens)", ylabel="held-out loss (bits per byte)", title="loss by position")
     for i, row in enumerate(rows):
-        spread = [(n, *row["mqar"][n][:3]) for n in lengths if n in row["mqar"]]
-        if spread:
-            n, mean, low, high = np.array(spread).T
+        points = [(n, *row["mqar"][n][:3]) for n in lengths if n in row["mqar"]]
+        if points:
+            n, mean, low, high = np.array(points).T
             style = dict(color=color(row["name"]) or f"C{i}", ls=STYLES[row["rope"]], marker="o", capsize=3)
             recall_ax.errorbar(n, mean, yerr=[mean - low, high - mean], label=row["label"], **style)
         if row["cache_bytes"] is not None:
             mark = "o" if row["rope"] == AS_TRAINED else "x"
-            bytes_ax.scatter(
-                row["cache_bytes"], row["last_bucket"][2], color=color(row["name"]) or f"C{i}", marker=mark
-            )
-            bytes_ax.annotate(row["label"].split(" (")[0], (row["cache_bytes"], row["last_bucket"][2]), fontsize=7)
+            late = row["last_bucket"][2][0]
+            bytes_ax.scatter(row["cache_bytes"], late, color=color(row["name"]) or f"C{i}", marker=mark)
+            bytes_ax.annotate(row["label"].split(" (")[0], (row["cache_bytes"], late), fontsize=7)
     log_ticks(recall_ax, lengths)
     recall_ax.set(ylim=(-0.02, 1.02), xlabel="context (tokens)", ylabel="MQAR accuracy", title="recall at long gaps")
     bytes_ax.set_xscale("log")

@@ -3,6 +3,7 @@ RoPE reading) and recall against length, each with its table and the recipe of i
 
 from pathlib import Path
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from experiments.formatting import human_bytes, md_table, tokens
@@ -30,18 +31,84 @@ def position_ticks(length: int) -> list[int]:
     return [*ticks, length]
 
 
+def spread(values: list[float]) -> tuple[float, float, float, int]:
+    """(mean, min, max, count) of one number over runs (seeds)."""
+    return float(np.mean(values)), min(values), max(values), len(values)
+
+
+def spread_cell(cell: tuple[float, float, float, int] | None) -> str:
+    """A `spread` as a table cell: the mean, with the range and count when more than one run; '-' for None."""
+    if cell is None:
+        return "-"
+    mean, low, high, runs = cell
+    return f"{mean:.3f}" if runs == 1 else f"{mean:.3f} ({low:.3f}-{high:.3f}, {runs} runs)"
+
+
+def text_groups(models: list[dict]) -> list[dict]:
+    """The text rows of one model, reading and training length pooled over their runs (seeds), in the order each
+    first appears. Every run of a group reads the same documents and positions, so a bucket's spread is over runs.
+
+    Args:
+        models: a `text` result's rows (as read).
+
+    Returns:
+        [{"name", "rope", "label", "trained_length", "runs" (their folders), "bits_per_byte" (a `spread`),
+        "buckets" ([{"lo", "hi", "bits_per_byte": spread or None}]), "cache_bytes", "seconds_per_token" (the mean
+        over runs)}].
+
+    Raises:
+        ValueError: two runs of a group were read at other positions (naming both runs).
+    """
+    grouped = {}
+    for row in models:
+        grouped.setdefault((row["name"], row["rope"], row["trained_length"]), []).append(row)
+    groups = []
+    for rows in grouped.values():
+        edges = [(b["lo"], b["hi"]) for b in rows[0]["buckets"]]
+        for row in rows[1:]:
+            if [(b["lo"], b["hi"]) for b in row["buckets"]] != edges:
+                raise ValueError(f"text rows {rows[0]['run']!r} and {row['run']!r} were read at other positions")
+        buckets = []
+        for i, (lo, hi) in enumerate(edges):
+            values = [row["buckets"][i]["bits_per_byte"] for row in rows]
+            buckets.append({"lo": lo, "hi": hi, "bits_per_byte": None if None in values else spread(values)})
+        first = rows[0]
+        groups.append(
+            {
+                **{key: first[key] for key in ("name", "rope", "label", "trained_length", "cache_bytes")},
+                "runs": [row["run"] for row in rows],
+                "bits_per_byte": spread([row["bits_per_byte"] for row in rows]),
+                "buckets": buckets,
+                "seconds_per_token": float(np.mean([row["seconds"] / row["tokens"] for row in rows])),
+            }
+        )
+    return groups
+
+
+def plot_position(ax, group: dict, fmt: str, **style) -> None:
+    """One group's loss by position on `ax` (each bucket at its upper edge): the mean over its runs as a line in
+    `fmt`, the runs' range as a band when there are several; the label counts the runs."""
+    points = [(b["hi"], *b["bits_per_byte"][:3]) for b in group["buckets"] if b["bits_per_byte"] is not None]
+    hi, mean, low, high = np.array(points).T
+    runs = len(group["runs"])
+    label = style.pop("label") + (f", mean of {runs} runs" if runs > 1 else "")
+    (line,) = ax.plot(hi, mean, fmt, label=label, **style)
+    if runs > 1:
+        ax.fill_between(hi, low, high, color=line.get_color(), alpha=0.15, lw=0)
+
+
 def text_figure(result: dict, path: Path) -> str:
     """Held-out bits per byte against position (each bucket at its upper edge), one colour per model, a line style
-    per RoPE reading, a dotted grey line at each training length; where the models were trained at several lengths,
-    a marker per training length (circles at the shortest) and the length in each label. Returns the file name."""
+    per RoPE reading (the mean over a model's runs, their range as a band), a dotted grey line at each training
+    length; where the models were trained at several lengths, a marker per training length (circles at the
+    shortest) and the length in each label. Returns the file name."""
     fig = Figure(figsize=(7.5, 4.6))
     ax = fig.subplots()
     trained = sorted({row["trained_length"] for row in result["models"]})
-    for i, row in enumerate(result["models"]):
-        points = [(b["hi"], b["bits_per_byte"]) for b in row["buckets"] if b["bits_per_byte"] is not None]
-        style, marker = STYLES[row["rope"]], TRAINED_MARKERS[trained.index(row["trained_length"]) % 3]
-        label = row["label"] + (f", trained at {tokens(row['trained_length'])}" if len(trained) > 1 else "")
-        ax.plot(*zip(*points), style, color=color(row["name"]) or f"C{i}", marker=marker, ms=3, label=label)
+    for i, group in enumerate(text_groups(result["models"])):
+        style, marker = STYLES[group["rope"]], TRAINED_MARKERS[trained.index(group["trained_length"]) % 3]
+        label = group["label"] + (f", trained at {tokens(group['trained_length'])}" if len(trained) > 1 else "")
+        plot_position(ax, group, style, color=color(group["name"]) or f"C{i}", marker=marker, ms=3, label=label)
     for T in trained:
         ax.axvline(T, color="gray", ls=":", lw=0.8)
     log_ticks(ax, position_ticks(result["length"]))
@@ -54,26 +121,34 @@ def text_figure(result: dict, path: Path) -> str:
 
 
 def text_markdown(result: dict, figure: str) -> str:
-    """The text result's page: the table (bits per byte over all positions and in the last buckets, and the cost),
-    the figure, the documents and the rule that chose them."""
+    """The text result's page: the table over runs (bits per byte over all positions and in the last buckets: the
+    mean over a model's runs, with their range and count when several), each run's cost, the figure, the documents
+    and the rule that chose them."""
     buckets = result["models"][0]["buckets"][-TABLE_BUCKETS:]
     names = [f"[{tokens(b['lo'])}, {tokens(b['hi'])})" for b in buckets]
-    header = ["model", "trained at", "bpb, all", *names, "path", "seconds", "forward bytes", "cache at L"]
+    header = ["model", "trained at", "bpb, all", *names]
     rows = []
-    for row in result["models"]:
-        tail = {(b["lo"], b["hi"]): b["bits_per_byte"] for b in row["buckets"]}
-        cells = [f"{tail[b['lo'], b['hi']]:.3f}" for b in buckets]
-        rows.append([row["label"], tokens(row["trained_length"]), f"{row['bits_per_byte']:.3f}", *cells, *_cost(row)])
+    for group in text_groups(result["models"]):
+        tail = {(b["lo"], b["hi"]): b["bits_per_byte"] for b in group["buckets"]}
+        cells = [spread_cell(tail[b["lo"], b["hi"]]) for b in buckets]
+        rows.append([group["label"], tokens(group["trained_length"]), spread_cell(group["bits_per_byte"]), *cells])
+    runs_header = ["model", "run", "bpb, all", "path", "seconds", "forward bytes", "cache at L"]
+    runs = [
+        [row["label"], "/".join(Path(row["run"]).parts[-2:]), f"{row['bits_per_byte']:.3f}", *_cost(row)]
+        for row in result["models"]
+    ]
     docs = result["documents"]
     listing = "\n".join(f"- `{d['name']}` ({d['bytes']:,} bytes, sha256 `{d['sha256']}`)" for d in docs["chosen"])
     rule = ", ".join(f"{k}: {v}" for k, v in docs["rule"].items())
     return (
         f"# Loss by position at {tokens(result['length'])}\n\n{commands(result)} ({result['machine']['device']}, "
         f"{result['machine']['date']}). Held-out bits per byte of each model over {docs['count']} documents, each "
-        f"read as one sequence of {result['length']:,} tokens from its start; the columns after the first are "
-        "position buckets [lo, hi). `path`: one compiled forward, or a prefill and decode steps carrying the "
-        "caches; `forward bytes`: XLA's estimate of the compiled forward; `cache at L`: the decode caches at L "
-        f"(one row).\n\n{md_table(header, rows)}\n\n![loss by position]({figure})\n\n## Documents\n\nRule: {rule}."
+        f"read as one sequence of {result['length']:,} tokens from its start. Cells: the mean over a model's runs "
+        "(seeds), with their range and count when there are several; the columns after `bpb, all` are position "
+        "buckets [lo, hi). Each run: `path`, one compiled forward, or a prefill and decode steps carrying the "
+        "caches; `forward bytes`, XLA's estimate of the compiled forward; `cache at L`, the decode caches at L "
+        f"(one row).\n\n{md_table(header, rows)}\n\n![loss by position]({figure})\n\n## Each run\n\n"
+        f"{md_table(runs_header, runs)}\n\n## Documents\n\nRule: {rule}."
         f"\n\n{listing}\n"
     )
 

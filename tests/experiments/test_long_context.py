@@ -136,8 +136,13 @@ def test_text_figure_tells_training_lengths_apart(tmp_path, monkeypatch):
     label; a result of one training length keeps its labels as they are."""
     drawn = []
     monkeypatch.setattr(report, "save", lambda fig, path: drawn.append(fig) or path.name)
-    buckets = [{"hi": hi, "bits_per_byte": 2.0} for hi in (16, 256, 4096)]
+    buckets = [{"lo": hi // 16, "hi": hi, "bits_per_byte": 2.0} for hi in (16, 256, 4096)]
     row = lambda T: {
+        "run": f"text/power/T{T}",
+        "cache_bytes": 1,
+        "seconds": 1.0,
+        "tokens": 4096,
+        "bits_per_byte": 2.0,
         "name": "power",
         "rope": AS_TRAINED,
         "label": "power (PP)",

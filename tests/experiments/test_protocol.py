@@ -79,8 +79,12 @@ def test_parts_split_every_stage_without_overlap():
 def test_only_filters_jobs():
     only = parse_only(["task=mqar,passkey", "entry=power"])
     assert only == {"task": {"mqar", "passkey"}, "entry": {"power"}}
-    assert selected(only, task="passkey", entry="power", stage="sweep")
-    assert not selected(only, task="text", entry="power", stage="sweep")
+    assert selected(only, "sweep", Run("passkey", "power", 1e-2, 0))
+    assert not selected(only, "sweep", Run("text", "power", 1e-2, 0))
+    seeds = parse_only(["seed=1,2", "stage=seeds"])
+    assert selected(seeds, "seeds", Run("text", "power", 1e-2, 2))
+    assert not selected(seeds, "seeds", Run("text", "power", 1e-2, 0))
+    assert not selected(seeds, "test", Run("text", "power", 1e-2, 1))
     with pytest.raises(ValueError, match="--only takes key=value"):
         parse_only(["model=power"])
 
@@ -107,6 +111,22 @@ def test_seeds_wait_for_the_whole_sweep_then_run_at_the_best_lr(tmp_path):
     assert not [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry in ("power_nogate", "softmax_kv4")]
 
 
+def test_a_one_rate_grid_runs_its_other_seeds_without_waiting_for_the_first(tmp_path, monkeypatch):
+    """One learning rate and no extensions: nothing to choose, so the seeds stage has the other seeds before the
+    first seed's run exists (a call with `--only seed=5` trains them alone, no seed 0), and its test eval waits for
+    each."""
+    one_rate = dataclasses.replace(FAKE, tasks={"mqar": dataclasses.replace(FAKE.tasks["mqar"], lrs=(1e-2,))})
+    assert [r for r in stage_jobs(one_rate, tmp_path, "seeds") if r.entry == "power"] == [Run("mqar", "power", 1e-2, 5)]
+    assert not [r for r in stage_jobs(one_rate, tmp_path, "test") if r.entry == "power"]
+    fake_summary(Run("mqar", "power", 1e-2, 5).folder(tmp_path), 0.7)
+    assert [r for r in stage_jobs(one_rate, tmp_path, "test") if r.entry == "power"] == [Run("mqar", "power", 1e-2, 5)]
+    trained = []
+    for stage in quality.STAGES:
+        monkeypatch.setitem(quality.STAGES, stage, lambda preset, run, runs: trained.append(run))
+    run_stages(one_rate, tmp_path, only=parse_only(["seed=5", "entry=softmax,power", "stage=sweep,seeds"]))
+    assert sorted(trained, key=lambda r: r.entry) == [Run("mqar", e, 1e-2, 5) for e in ("power", "softmax")]
+
+
 def test_a_seeded_entry_gets_every_seed_as_the_headline_does(tmp_path):
     """An ablation reports its first seed only, unless the preset names it in `seeded`."""
     for lr, acc in ((1e-3, 0.2), (3e-3, 0.6), (1e-2, 0.4)):
@@ -130,6 +150,19 @@ def test_a_best_at_the_edge_extends_the_sweep_before_the_seeds(tmp_path):
     fake_summary(Run("mqar", "power", 0.033, 0).folder(tmp_path), 0.5)
     assert not [r for r in stage_jobs(FAKE, tmp_path, "extend") if r.entry == "power"]
     assert [r for r in stage_jobs(FAKE, tmp_path, "seeds") if r.entry == "power"] == [Run("mqar", "power", 1e-2, 5)]
+
+
+def test_a_call_counts_the_jobs_it_leaves_never_those_it_finished(tmp_path, monkeypatch):
+    """The extend stage's job list drops a run once it is finished: a call that trains power's one extension leaves
+    0 extend jobs (it said -1), and the sweep's other entries are counted as left to other calls."""
+    for lr, acc in ((1e-3, 0.2), (3e-3, 0.4), (1e-2, 0.6)):
+        fake_summary(Run("mqar", "power", lr, 0).folder(tmp_path), acc)
+    finish = lambda preset, run, runs: fake_summary(run.folder(runs), 0.5)
+    for stage in quality.STAGES:
+        monkeypatch.setitem(quality.STAGES, stage, finish)
+    left = run_stages(FAKE, tmp_path, only=parse_only(["entry=power", "stage=extend"]))
+    assert (Run("mqar", "power", 0.033, 0).folder(tmp_path) / SUMMARY).exists()
+    assert left["extend"] == 0 and left["sweep"] == len(stage_jobs(FAKE, tmp_path, "sweep"))
 
 
 def finished_test(preset, entry: str) -> dict:

@@ -21,6 +21,14 @@ def test_run_times_warms_up_then_times_each_call(monkeypatch):
     assert timing.median_seconds(fn, 1.0, repeats=2) == 2.5  # an even count: the mean of the middle two
 
 
+def test_two_warmups_leave_the_first_call_after_compiling_untimed(monkeypatch):
+    calls, clock = [], iter([0.0, 2.0, 5.0, 6.0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    fn = lambda x: calls.append(x) or jnp.full(3, x)
+    assert timing.median_seconds(fn, 3.0, repeats=2, warmups=2) == 1.5
+    assert calls == [3.0] * 4
+
+
 @pytest.mark.parametrize(
     "n, text",
     [
