@@ -4,7 +4,7 @@ A forward over query blocks that visits only the key blocks inside the causal ba
 with the online softmax (`scores.online_softmax_update`), and a FlashAttention-2 style backward under
 `jax.custom_vjp` that recomputes each block's probabilities from the saved log-sum-exp. Neither ever holds a
 T x T array, so 64k tokens fit in memory. With segment ids a query sees only keys of its own document (the mask;
-blocks are not skipped by document).
+blocks are not skipped by document). Full causal attention over one document masks only its diagonal blocks.
 """
 
 from functools import partial
