@@ -292,23 +292,35 @@ def carry_over(preset: Preset, records: dict, previous: dict | None) -> dict:
     another way, say a recipe's keys moved into its experiment file, is the same run) and its resolved model section
     (`model`) is the one they compose to today, so a run made with another recipe is never carried (a record from
     before runs kept their model section is carried only for layers of A and W, whose defaults have not changed
-    since). An entry's runs on a task are read whole from their folders or whole from `previous`, never mixed (its
+    since; an evaluation of a quantized cache or state is carried with its base's run). An entry's runs on a task
+    are read whole from their folders or whole from `previous`, never mixed (its
     best learning rate is one sweep's); entries of one task may come from either.
     Marked `carried_over: true`; its folder, TensorBoard curve and checkpoints may be gone (summary.json keeps the
     eval curve). This keeps a committed quality.json's results when a later call runs other tasks on a machine
     without the earlier runs' folders."""
     found = {(r["task"], r["entry"]) for r in records.values() if r["summary"] is not None or r["test"] is not None}
+    prior = {(r["task"], r["entry"], r["lr"], r["seed"]): r for r in (previous or {}).get("runs", [])}
     out = {}
-    for old in (previous or {}).get("runs", []):
-        key = (old["task"], old["entry"], old["lr"], old["seed"])
+    for key, old in prior.items():
         task, entry = key[0], key[1]
         if (task, entry) in found or task not in preset.tasks or entry not in preset.task_entries(task):
             continue
-        overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
-        recorded = compose_config(overrides)
-        if recorded != compose_config(run_overrides(preset, Run(*key))):
-            continue
-        today = resolved_model(recorded)
-        if old.get("model") == today or (old.get("model") is None and set(today["pattern"]) <= UNCHANGED_KINDS):
+        made = (task, trained_entry(preset, entry), *key[2:])  # the run it trained, or (an evaluation) its base's
+        if made in prior and made_today(preset, old, key) and made_today(preset, prior[made], made):
             out[key] = {**old, "carried_over": True}
     return out
+
+
+def made_today(preset: Preset, old: dict, key: tuple) -> bool:
+    """Whether the previous record `old` of run `key` (task, entry, lr, seed) is what the preset makes today: its
+    compare.json overrides compose to the config the preset's overrides compose to, and, for a trained entry, the
+    model it resolved to is today's (a record without one only for layers of UNCHANGED_KINDS). An evaluation (a
+    quantized cache or state) trains no model: its base's record answers for that (`carry_over`)."""
+    overrides = [o for o in (old["record"] or {}).get("overrides", []) if not o.startswith("trainer.peak_flops=")]
+    recorded = compose_config(overrides)
+    if recorded != compose_config(run_overrides(preset, Run(*key))):
+        return False
+    if not preset.entries[key[1]].trained:
+        return True
+    today = resolved_model(recorded)
+    return old.get("model") == today or (old.get("model") is None and set(today["pattern"]) <= UNCHANGED_KINDS)

@@ -285,6 +285,36 @@ def test_a_task_without_run_folders_is_carried_over_from_the_previous_collect(tm
     assert softmax == {k[2:] for k in finished if k[1] == "softmax"}
 
 
+def test_a_quantized_evaluation_is_carried_with_its_base_run(tmp_path):
+    """A quantized state's test evals (no model of their own) are kept from the previous quality.json when their
+    base's runs are (they were dropped: no model section, and P's defaults changed since the first records), and
+    dropped with them when the base's recipe changed."""
+    entries = {k: FAKE.entries[k] for k in ("softmax", "power", "power_state_fp8")}
+    preset = dataclasses.replace(CARRY, entries=entries, frontier=("power_state_fp8",), frontier_tasks=("mqar",))
+    runs, elsewhere = tmp_path / "runs", tmp_path / "elsewhere"
+    for run in stage_jobs(preset, runs, "sweep"):
+        fake_run(runs, preset, run, 0.8 if run.lr == 3e-3 else 0.5)
+    for run in stage_jobs(preset, runs, "seeds"):
+        fake_run(runs, preset, run, 0.7)
+    for run in stage_jobs(preset, runs, "test"):
+        if run.entry == "power_state_fp8":  # as test_run writes an evaluation's folder
+            run.folder(runs).mkdir(parents=True)
+            (run.folder(runs) / RECORD).write_text(
+                json.dumps({**run.fields(), "overrides": run_overrides(preset, run)})
+            )
+            (run.folder(runs) / TEST).write_text(json.dumps({"64": {"accuracy": 0.6}}))
+    evaluations = lambda result, carried: {
+        (r["lr"], r["seed"])
+        for r in result["runs"]
+        if r["entry"] == "power_state_fp8" and r["test"] and bool(r.get("carried_over")) == carried
+    }
+    first = collect(preset, runs)
+    assert evaluations(first, carried=False) == {(3e-3, 0), (3e-3, 5)}
+    assert evaluations(collect(preset, elsewhere, previous=first), carried=True) == {(3e-3, 0), (3e-3, 5)}
+    changed = [{**r, "model": {**r["model"], "decay_init": "paper"}} if r["model"] else r for r in first["runs"]]
+    assert not evaluations(collect(preset, elsewhere, previous={**first, "runs": changed}), carried=True)
+
+
 TINY_TASK = Task(
     "mqar",
     SMOKE.tasks["mqar"].experiment,
