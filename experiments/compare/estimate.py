@@ -34,7 +34,16 @@ from omegaconf import OmegaConf
 
 from experiments.compare.models import compose_config
 from experiments.compare.presets import PRESETS, Preset
-from experiments.compare.protocol import Run, in_part, parse_only, parse_part, seeds_of, selected, sweep_runs
+from experiments.compare.protocol import (
+    Run,
+    check_only,
+    in_part,
+    parse_only,
+    parse_part,
+    seeds_of,
+    selected,
+    sweep_runs,
+)
 from experiments.compare.quality import part_key, run_overrides
 from experiments.compare.runs import CONFIG, RECORD, TIMINGS, read_json
 from experiments.compare.speed import unmeasured
@@ -308,6 +317,7 @@ def main(argv=None):
     data = args.data or Path(f"results/compare/{args.preset}")
     try:
         part, only = parse_part(args.part), parse_only(args.only)
+        check_only(PRESETS[args.preset], only)
         result = estimate(PRESETS[args.preset], folders, f"{args.seconds}_s", data / "quality.json", part, only, data)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None

@@ -142,6 +142,27 @@ def parse_only(items: list[str]) -> dict[str, set[str]]:
     return out
 
 
+STAGE_NAMES = ("sweep", "extend", "seeds", "test")  # in the order a call runs them (quality.STAGES)
+
+
+def check_only(preset: Preset, only: dict[str, set[str]]) -> None:
+    """Refuse an --only value that names none of the preset's tasks, entries, stages or seeds (it would select
+    nothing, silently).
+
+    Raises:
+        ValueError: naming the key, the value and what the preset allows.
+    """
+    allowed = {
+        "task": set(preset.tasks),
+        "entry": set(preset.entries),
+        "stage": set(STAGE_NAMES),
+        "seed": {str(seed) for spec in preset.tasks.values() for seed in spec.seeds},
+    }
+    for key, values in only.items():
+        for value in sorted(values - allowed[key]):
+            raise ValueError(f"--only {key}={value}: the {preset.name} preset has {key} in {sorted(allowed[key])}")
+
+
 def selected(only: dict[str, set[str]], stage: str, run: Run) -> bool:
     """Whether `run`, a job of `stage`, passes the --only filter (`parse_only`: its task, entry, stage and seed)."""
     fields = {"stage": stage, "task": run.task, "entry": run.entry, "seed": str(run.seed)}

@@ -29,6 +29,7 @@ from experiments.compare.models import (
 )
 from experiments.compare.presets import Preset
 from experiments.compare.protocol import (
+    STAGE_NAMES,
     Run,
     best_lr,
     in_part,
@@ -192,7 +193,7 @@ def part_key(stage: str, index: int, run: Run) -> int:
     return index if stage == "sweep" else zlib.crc32(f"{run.task}/{run.entry}/{run.seed}".encode())
 
 
-STAGES = {"sweep": train_run, "extend": train_run, "seeds": train_run, "test": test_run}
+STAGES = dict(zip(STAGE_NAMES, (train_run, train_run, train_run, test_run)))
 
 
 def run_stages(preset: Preset, runs: Path, part=(1, 1), only=None) -> dict[str, int]:

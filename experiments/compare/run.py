@@ -31,7 +31,7 @@ import jax
 
 from experiments.compare.models import matched_window
 from experiments.compare.presets import PRESETS
-from experiments.compare.protocol import parse_only, parse_part, sweep_runs
+from experiments.compare.protocol import check_only, parse_only, parse_part, sweep_runs
 from experiments.compare.quality import collect, run_stages
 from experiments.compare.report import write_report
 from experiments.compare.runs import SUMMARY, TIMINGS, read_json, timed, write_json
@@ -75,6 +75,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     preset, part, only = PRESETS[args.preset], parse_part(args.part), parse_only(args.only)
+    check_only(preset, only)
     data = Path(args.data or f"results/compare/{preset.name}")
     runs = Path(args.runs or f"outputs/compare/{preset.name}")
     default_report = "results/REPORT.md" if preset.name == "cpu" and not args.data else data / "REPORT.md"

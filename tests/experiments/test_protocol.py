@@ -20,6 +20,7 @@ from experiments.compare.protocol import (
     Run,
     at_edge,
     best_lr,
+    check_only,
     in_part,
     lr_grid,
     mean_range,
@@ -87,6 +88,10 @@ def test_only_filters_jobs():
     assert not selected(seeds, "test", Run("text", "power", 1e-2, 1))
     with pytest.raises(ValueError, match="--only takes key=value"):
         parse_only(["model=power"])
+    check_only(FAKE, parse_only(["task=mqar", "entry=power,softmax", "stage=seeds", "seed=0,5"]))  # all the preset's
+    for bad, match in (("seed=1", r"--only seed=1: the \w+ preset has seed in \['0', '5'\]"), ("task=mqar_t9", "task")):
+        with pytest.raises(ValueError, match=match):
+            check_only(FAKE, parse_only([bad]))
 
 
 FAKE = dataclasses.replace(
