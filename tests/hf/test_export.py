@@ -115,6 +115,14 @@ def test_an_attention_run_exports_whole(tmp_path):
         load_run(str(out))
 
 
+def generated(model, batch, eod: int) -> np.ndarray:
+    """The NEW tokens after each prompt of `batch` (input_ids and attention_mask) by transformers' greedy generate:
+    a row that ends at EOD is filled with EOD (the pad) to NEW, as generate fills it when another row runs on;
+    generate stops when every row has ended, so its own width is not NEW and its last NEW columns can hold prompt."""
+    new = model.generate(**batch, max_new_tokens=NEW, do_sample=False).numpy()[:, batch["input_ids"].shape[1] :]
+    return np.pad(new, ((0, 0), (0, NEW - new.shape[1])), constant_values=eod)
+
+
 # bytes: its tokenizer is checked in the quick tier by test_tokenizer_out.py
 @pytest.mark.parametrize("kind", ["bpe", pytest.param("bytes", marks=pytest.mark.slow)])
 def test_transformers_generates_a_padded_batch_of_an_export(kind, tmp_path):
@@ -132,18 +140,14 @@ def test_transformers_generates_a_padded_batch_of_an_export(kind, tmp_path):
     prompts = [ISSUE_TEXT, "def f(a, b):\n    return x = 1", "héllo ✓", "x"]
     batch = auto(prompts, padding=True, return_tensors="pt")
     assert (batch.attention_mask[:, 0] == 0).any() and (batch.attention_mask[:, -1] == 1).all()  # left padding
+    lengths = jnp.asarray(batch.attention_mask.sum(1).numpy(), jnp.int32)
     with torch.no_grad():
-        padded = reloaded.generate(**batch, max_new_tokens=NEW, do_sample=False).numpy()[:, -NEW:]
-        for row, prompt in zip(padded, prompts):
-            alone = auto(prompt, return_tensors="pt")
-            assert row.tolist() == reloaded.generate(**alone, max_new_tokens=NEW, do_sample=False)[0, -NEW:].tolist()
-    lengths = batch.attention_mask.sum(1).numpy()
-    want = generate(
-        exported,
-        jnp.asarray(batch.input_ids.numpy(), jnp.int32),
-        NEW,
-        prompt_lengths=jnp.asarray(lengths, jnp.int32),
-        temperature=0.0,
-        eos_id=tokenizer.eod,
-    )
-    np.testing.assert_array_equal(padded, np.asarray(want.tokens)[:, -NEW:])
+        early = int(generated(reloaded, batch, tokenizer.eod)[-1, 1])  # a token the batch writes: rows end early
+        for eod in (tokenizer.eod, early):  # a random model seldom writes </s>; `early` checks rows that end
+            reloaded.generation_config.eos_token_id = reloaded.generation_config.pad_token_id = eod
+            padded = generated(reloaded, batch, eod)
+            for row, prompt in zip(padded, prompts):
+                assert row.tolist() == generated(reloaded, auto(prompt, return_tensors="pt"), eod)[0].tolist()
+            tokens = jnp.asarray(batch.input_ids.numpy(), jnp.int32)
+            want = generate(exported, tokens, NEW, prompt_lengths=lengths, temperature=0.0, eos_id=eod).tokens
+            np.testing.assert_array_equal(padded, np.asarray(want)[:, -NEW:])
