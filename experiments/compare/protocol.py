@@ -65,7 +65,10 @@ def trained_entry(preset: Preset, entry: str) -> str:
 
 def best_lr(values: dict[float, float | None], higher_is_better: bool) -> float | None:
     """The learning rate with the best selection value; None while any is missing. Non-finite values (a run that
-    diverged) lose; ties go to the smaller rate."""
+    diverged) lose; ties go to the smaller rate. A grid of one rate is its choice at once, finished or not: there is
+    nothing to choose, so the seeds of such a grid need not wait for the first (nor a report for its runs)."""
+    if len(values) == 1:
+        return next(iter(values))
     if not values or any(v is None for v in values.values()):
         return None
     finite = lambda v: v == v and abs(v) != float("inf")

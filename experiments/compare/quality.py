@@ -121,8 +121,6 @@ def lr_choice(preset: Preset, runs: Path, task: str, entry: str) -> float | None
     """The entry's best learning rate on `task` from its finished sweep runs, or None while any is unfinished
     (its grid's extensions included); a grid of one rate (no extensions: `lr_grid`) is its choice at once."""
     grid = entry_lrs(preset, runs, task, entry)
-    if len(grid) == 1:
-        return grid[0]
     values = {lr: sweep_value(preset, runs, task, entry, lr) for lr in grid}
     return best_lr(values, METRICS[preset.tasks[task].data].higher_is_better)
 

@@ -45,6 +45,7 @@ def test_best_lr_prefers_the_better_then_the_smaller_and_waits_for_all():
     assert best_lr({1e-3: 0.1, 1e-2: math.nan}, higher_is_better=True) == 1e-3  # diverged: never best
     assert best_lr({1e-3: math.nan, 1e-2: math.inf}, higher_is_better=False) == 1e-3
     assert best_lr({1e-3: 0.1, 1e-2: None}, higher_is_better=True) is None  # a run still missing
+    assert best_lr({1e-2: None}, higher_is_better=True) == 1e-2  # one rate: nothing to choose, nothing to wait for
 
 
 def test_lr_grid_extends_past_the_edge_where_the_best_sits():

@@ -179,6 +179,18 @@ def test_best_lr_per_entry_ties_and_divergence(tmp_path):
     assert res.sweep("mqar", "softmax") == dict(zip(LRS, SELECTION["softmax"]))
 
 
+def test_a_one_rate_grid_reports_seeds_without_its_first(tmp_path):
+    """A grid of one rate chooses it at once: a report of seeds 1 and 2 alone (`run.py --only seed=1`, the first
+    seed's run folders gone) tables their cells, not 'pending (lr sweep)'."""
+    quality = fake_quality(tmp_path)
+    quality["tasks"]["mqar"]["lrs"] = [BEST["softmax"]]
+    quality["runs"] = [r for r in quality["runs"] if r["entry"] == "softmax" and r["lr"] == BEST["softmax"]]
+    quality["runs"] = [r for r in quality["runs"] if r["seed"] > 0]
+    res = Results(quality)
+    assert res.best_lr("mqar", "softmax") == BEST["softmax"]
+    assert res.cell("mqar", "softmax", 1024).text() == "0.650 (0.600-0.700)"
+
+
 def test_cells_are_means_and_ranges_over_the_best_lr_seeds(tmp_path):
     res = Results(fake_quality(tmp_path))
     cell = res.cell("mqar", "softmax", 64)
