@@ -30,7 +30,7 @@ from experiments.compare.report_quality import (
 )
 from experiments.compare.report_speed import op_section, speed_section
 from experiments.compare.results import Results
-from experiments.compare.speed import speed_recipes
+from experiments.compare.speed import same_recipe, speed_recipes
 from experiments.formatting import human_bytes, md_table, times, tokens
 from experiments.plotting import label
 
@@ -107,7 +107,7 @@ def current_speed(speed: dict | None, recipes: dict[str, dict] | None) -> tuple[
     if speed is None or recipes is None:
         return speed, []
     results = speed["results"]
-    kept = {m: r for m, r in results.items() if r.get("recipe") == recipes.get(m)}
+    kept = {m: r for m, r in results.items() if m in recipes and same_recipe(r.get("recipe"), recipes[m])}
     return ({**speed, "results": kept} if kept else None), [m for m in results if m not in kept]
 
 

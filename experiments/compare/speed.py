@@ -119,12 +119,23 @@ def speed_recipes(preset: Preset) -> dict[str, dict] | None:
     return {m: speed_recipe(m, preset) for m in preset.speed.models} if preset.speed else None
 
 
+def same_recipe(recorded: dict | None, today: dict) -> bool:
+    """Whether a speed result's `recorded` recipe (`speed_recipe`, None before recipes were recorded) is `today`'s:
+    the same speed settings, and overrides that compose to the same config (a recipe's keys moved into its
+    experiment file are the same model, as `quality.carry_over` reads a training run)."""
+    if recorded is None:
+        return False
+    settings = lambda recipe: {k: v for k, v in recipe.items() if k != "overrides"}
+    old, new = recorded["overrides"], today["overrides"]
+    return settings(recorded) == settings(today) and (old == new or compose_config(old) == compose_config(new))
+
+
 def reusable(preset: Preset, done: dict | None) -> dict:
-    """The models of `done` measured with the preset's recipe for them."""
+    """The models of `done` measured with the preset's recipe for them (`same_recipe`)."""
     return {
         name: result
         for name, result in (done or {}).items()
-        if name in preset.speed.models and result.get("recipe") == speed_recipe(name, preset)
+        if name in preset.speed.models and same_recipe(result.get("recipe"), speed_recipe(name, preset))
     }
 
 

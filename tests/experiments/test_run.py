@@ -68,6 +68,26 @@ def test_a_speed_result_of_another_recipe_is_measured_again(monkeypatch):
     assert results[second] is kept
 
 
+def test_a_speed_result_whose_overrides_moved_into_an_experiment_file_is_kept():
+    """long_cpu_16k's speed.json recorded each model's keys spelled out; the preset now names them through
+    experiment=compare/cpu_model. The same config: kept by the speed stage and the report, not measured again;
+    a changed key or speed setting still is."""
+    from experiments.compare import speed
+
+    preset = PRESETS["long_cpu_16k"]
+    today = speed.speed_recipe("power", preset)
+    assert "experiment=compare/cpu_model" in today["overrides"]
+    spelled = [
+        "model=power", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=4", "model.head_dim=16",
+        "model.window=19", "model.conv_size=4", "model.qk_norm=true", "model.target_params=100000", "model.name=power",
+    ]  # fmt: skip
+    assert speed.same_recipe({**today, "overrides": spelled}, today)
+    assert speed.reusable(preset, {"power": {"recipe": {**today, "overrides": spelled}}})
+    assert not speed.same_recipe({**today, "overrides": [*spelled[:-1], "model.head_dim=8"]}, today)
+    assert not speed.same_recipe({**today, "overrides": spelled, "repeats": today["repeats"] + 1}, today)
+    assert not speed.same_recipe(None, today)
+
+
 def test_the_report_leaves_out_speed_measured_with_another_recipe(tmp_path, monkeypatch):
     """Speed results whose recorded recipe is not the preset's (a changed preset, a speed.json from before
     recipes were recorded) are not shown as the preset's: the report names them; with the recipes, it shows them."""
