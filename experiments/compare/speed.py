@@ -120,10 +120,10 @@ def speed_recipes(preset: Preset) -> dict[str, dict] | None:
 
 
 def same_recipe(recorded: dict | None, today: dict) -> bool:
-    """Whether a speed result's `recorded` recipe (`speed_recipe`, None before recipes were recorded) is `today`'s:
-    the same speed settings, and overrides that compose to the same config (a recipe's keys moved into its
-    experiment file are the same model, as `quality.carry_over` reads a training run)."""
-    if recorded is None:
+    """Whether a speed result's `recorded` recipe (`speed_recipe`; None before recipes were recorded, or any other
+    value that is no recipe) is `today`'s: the same speed settings, and overrides that compose to the same config
+    (a recipe's keys moved into its experiment file are the same model, as `quality.carry_over` reads a run)."""
+    if not isinstance(recorded, dict) or "overrides" not in recorded:
         return False
     settings = lambda recipe: {k: v for k, v in recipe.items() if k != "overrides"}
     old, new = recorded["overrides"], today["overrides"]

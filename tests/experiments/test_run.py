@@ -85,7 +85,7 @@ def test_a_speed_result_whose_overrides_moved_into_an_experiment_file_is_kept():
     assert speed.reusable(preset, {"power": {"recipe": {**today, "overrides": spelled}}})
     assert not speed.same_recipe({**today, "overrides": [*spelled[:-1], "model.head_dim=8"]}, today)
     assert not speed.same_recipe({**today, "overrides": spelled, "repeats": today["repeats"] + 1}, today)
-    assert not speed.same_recipe(None, today)
+    assert not speed.same_recipe(None, today) and not speed.same_recipe("old", today)
 
 
 def test_the_report_leaves_out_speed_measured_with_another_recipe(tmp_path, monkeypatch):
